@@ -1,0 +1,2 @@
+"""Bounded jobs as Prefect flows (sample, retrain, calibrate, prioritize, the whole loop) and the
+``prmloop`` command line."""

@@ -1,0 +1,1 @@
+"""Language-model engines behind one interface: transformers, vLLM and OpenAI-compatible HTTP."""
