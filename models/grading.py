@@ -1,0 +1,557 @@
+"""Answer grading: extract a final answer from a solution and decide equivalence with math-verify.
+
+Every label in prmloop ends in the question "is this answer right?": Monte-Carlo rollouts are scored
+by the fraction that reach the gold answer (EpicPRM, Sec. 3, the ``MC`` estimate; Qwen's "Lessons",
+Sec. 2), and majority / PRM-weighted voting groups equivalent answers. This module is that oracle.
+
+- :func:`extract_answer` finds the final answer in free text: the last ``\\boxed{...}`` / ``\\fbox{...}``
+  (nested braces allowed), else the last ``The (final) answer is ...``, else the last ``#### ...``
+  (GSM8K).
+- :func:`answers_equivalent` and :func:`grade` decide equivalence with math-verify (``parse`` +
+  ``verify``), after a cheap normalised-string fast path.
+- :func:`group_equivalent_answers` clusters answers for voting.
+
+Timeouts. math-verify bounds its own work with ``signal.alarm``, which only works in the main thread
+and only in whole seconds; its timeouts are therefore always switched off here and replaced by ours:
+
+- in the main thread, a ``signal.setitimer`` deadline that raises :class:`AnswerCheckTimeout`
+  (a ``BaseException``, so math-verify's ``except Exception`` cannot swallow it); a timer that was
+  already armed (for example pytest-timeout's) is restored afterwards;
+- in any other thread (Kafka consumer workers, Prefect task runners), the whole call is shipped to one
+  long-lived helper process that runs it in *its* main thread with the same per-comparison deadline;
+  the caller also waits with a hard deadline and kills the helper if it does not answer (C-level
+  big-integer work cannot be interrupted by a signal), and the next call starts a fresh one.
+
+A timeout never raises out of the public functions: :func:`answers_equivalent` returns ``False``
+(and logs a warning) and :func:`grade` returns the ``unparseable`` outcome with ``reason="timeout"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "AnswerCheckTimeout",
+    "GradeOutcome",
+    "GradeResult",
+    "answers_equivalent",
+    "extract_answer",
+    "grade",
+    "group_equivalent_answers",
+    "normalize_answer",
+    "shutdown_grading_worker",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Per-comparison budget in seconds (math-verify's own default is 5 s)."""
+
+_T = TypeVar("_T")
+
+
+class AnswerCheckTimeout(BaseException):
+    """A math-verify parse or comparison ran past its deadline.
+
+    Derives from ``BaseException`` on purpose: math-verify and sympy catch ``Exception`` broadly and
+    would otherwise turn our deadline into a silent ``False``.
+    """
+
+
+class GradeOutcome(StrEnum):
+    """The three outcomes of :func:`grade`."""
+
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    UNPARSEABLE = "unparseable"
+    """No final answer could be found in the prediction, it could not be parsed, or the check timed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class GradeResult:
+    """The verdict on one prediction.
+
+    Attributes:
+        outcome: correct, incorrect or unparseable.
+        predicted_answer: the answer extracted from the prediction (``None`` if none was found).
+        gold_answer: the gold answer as compared (extracted from ``\\boxed{}``/``####`` if it had one).
+        reason: how the verdict was reached: ``"string-match"``, ``"math-verify"``, ``"no-answer"``,
+            ``"parse-failed"`` or ``"timeout"``.
+    """
+
+    outcome: GradeOutcome
+    predicted_answer: str | None
+    gold_answer: str
+    reason: str
+
+    @property
+    def is_correct(self) -> bool:
+        return self.outcome is GradeOutcome.CORRECT
+
+
+# --------------------------------------------------------------------------------------------------
+# Extraction
+# --------------------------------------------------------------------------------------------------
+
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_ANSWER_IS_RE = re.compile(
+    r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*(?P<ans>[^\n]+)", flags=re.IGNORECASE
+)
+_HASHES_RE = re.compile(r"####\s*(?P<ans>[^\n]+)")
+_INLINE_MATH_RE = re.compile(r"^\$+(?P<inner>.+?)\$+")
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """All ``\\boxed{...}`` / ``\\fbox{...}`` contents in order, honouring nested braces.
+
+    An unbalanced final box (generation cut off by the token limit) is ignored.
+    """
+    found: list[str] = []
+    for match in _BOXED_RE.finditer(text):
+        depth = 1
+        i = match.end()
+        while i < len(text) and depth:
+            ch = text[i]
+            if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+                i += 2
+                continue
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            i += 1
+        if depth == 0:
+            found.append(text[match.end() : i - 1])
+    return found
+
+
+def _clean_tail(answer: str) -> str:
+    """Trim a line-style answer (``The answer is $x$.``, ``#### 18``) down to the answer itself."""
+    answer = answer.strip()
+    inline = _INLINE_MATH_RE.match(answer)
+    if inline:
+        answer = inline.group("inner")
+    answer = answer.strip().rstrip(".").strip()
+    answer = answer.strip("$").strip()
+    # An unbalanced brace means the answer was cut off (token limit): there is no answer to read.
+    return answer if answer.count("{") == answer.count("}") else ""
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer stated in ``text``, or ``None`` if it states none.
+
+    Order of precedence (the formats of MATH / PRM800K, EpicPRM's 2-shot prompt, and GSM8K):
+
+    1. the content of the last complete ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces allowed);
+    2. the rest of the line after the last ``The (final) answer is`` / ``Answer:``, with ``$...$``
+       and a trailing full stop removed;
+    3. the rest of the line after the last ``####``.
+
+    Examples:
+        >>> extract_answer(r"so $x = \\boxed{\\frac{1}{2}}$.")
+        '\\\\frac{1}{2}'
+        >>> extract_answer("Step 3: 9 * 2 = 18. The final answer is 18.")
+        '18'
+        >>> extract_answer("She makes $18.\\n#### 18")
+        '18'
+        >>> extract_answer("I give up") is None
+        True
+    """
+    boxed = _boxed_contents(text)
+    if boxed:
+        return boxed[-1].strip()
+    for pattern in (_ANSWER_IS_RE, _HASHES_RE):
+        matches = list(pattern.finditer(text))
+        if matches:
+            cleaned = _clean_tail(matches[-1].group("ans"))
+            if cleaned:
+                return cleaned
+    return None
+
+
+_BARE_ANSWER_MAX_CHARS = 64
+_MATHY_RE = re.compile(r"[0-9\\^=(){}\[\]/+*<>_|]")
+_SINGLE_WORD_RE = re.compile(r"^[A-Za-z]+$")
+
+
+def _answer_from(text: str) -> str | None:
+    """The answer in ``text``: extracted if it has a marker, else ``text`` itself if it looks like one.
+
+    A bare answer is a single short line that contains something mathematical (a digit, a LaTeX
+    command, an operator or bracket) or is a single word (MATH has answers such as ``Evelyn``).
+    Anything else without an answer marker (``I don't know``) has no answer.
+    """
+    extracted = extract_answer(text)
+    if extracted is not None:
+        return extracted
+    stripped = _clean_tail(text)
+    if not stripped or "\n" in stripped or len(stripped) > _BARE_ANSWER_MAX_CHARS:
+        return None
+    if _MATHY_RE.search(stripped) or _SINGLE_WORD_RE.match(stripped):
+        return stripped
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Normalisation (fast path only: equal keys imply equivalent answers; unequal keys decide nothing)
+# --------------------------------------------------------------------------------------------------
+
+_NORMALIZE_DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "$", "\\displaystyle")
+_NORMALIZE_SUBS = (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\le ", "\\leq "), ("\\ge ", "\\geq "))
+
+
+def normalize_answer(answer: str) -> str:
+    """A conservative canonical key: two answers with the same key are the same answer.
+
+    Removes whitespace, ``$``, ``\\left``/``\\right``, LaTeX spacing commands and a trailing full
+    stop, and maps ``\\dfrac``/``\\tfrac`` to ``\\frac``. It never rewrites values (no unit stripping,
+    no number formatting), so it cannot merge different answers; math-verify handles the rest.
+    """
+    key = answer.strip()
+    for old, new in _NORMALIZE_SUBS:
+        key = key.replace(old, new)
+    for token in _NORMALIZE_DROP:
+        key = key.replace(token, "")
+    key = "".join(key.split())
+    return key.rstrip(".")
+
+
+# --------------------------------------------------------------------------------------------------
+# Deadlines
+# --------------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _signal_deadline(timeout_s: float) -> Iterator[None]:
+    """Raise :class:`AnswerCheckTimeout` in the main thread after ``timeout_s`` seconds.
+
+    Restores the previous SIGALRM handler and re-arms a timer that was already running (minus the
+    time spent here), so an outer watchdog such as pytest-timeout keeps working.
+    """
+    if timeout_s <= 0:
+        yield
+        return
+
+    def _on_alarm(signum: int, frame: object) -> None:
+        raise AnswerCheckTimeout(f"answer check exceeded {timeout_s:g} s")
+
+    previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    started = time.monotonic()
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:
+            remaining = max(previous_delay - (time.monotonic() - started), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _GradingWorker:
+    """One helper process that runs grading calls in its own main thread (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def _start(self) -> Connection:
+        # spawn, not fork: the parent may hold torch / Kafka threads that a fork would copy mid-state.
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        process = ctx.Process(target=_worker_main, args=(child_conn,), name="prmloop-grading", daemon=True)
+        process.start()
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+        return parent_conn
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def call(self, fn_name: str, args: tuple[Any, ...], deadline_s: float) -> Any:
+        with self._lock:
+            alive = self._process is not None and self._process.is_alive()
+            conn = self._conn if alive and self._conn is not None else None
+            if conn is None:
+                self._kill()
+                conn = self._start()
+                # The first call also pays for importing sympy and math-verify in the helper.
+                deadline_s += 30.0
+            conn.send((fn_name, args))
+            if not conn.poll(deadline_s):
+                self._kill()
+                raise AnswerCheckTimeout(
+                    f"grading helper process did not answer {fn_name} in {deadline_s:g} s"
+                )
+            try:
+                ok, value = conn.recv()
+            except EOFError as exc:
+                self._kill()
+                raise RuntimeError(
+                    "the grading helper process died (out of memory?) while running "
+                    f"{fn_name}{args!r}; it will be restarted on the next call"
+                ) from exc
+            if not ok:
+                raise RuntimeError(f"grading helper failed on {fn_name}{args!r}: {value}")
+            return value
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._kill()
+
+
+def _worker_main(conn: Connection) -> None:
+    """Entry point of the helper process: serve ``(function name, args)`` requests until EOF."""
+    functions: dict[str, Callable[..., Any]] = {
+        "compare": _compare_in_process,
+        "group": _group_in_process,
+    }
+    while True:
+        try:
+            fn_name, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            conn.send((True, functions[fn_name](*args)))
+        except AnswerCheckTimeout:
+            conn.send((True, _Verdict.TIMEOUT))
+        except Exception as exc:  # noqa: BLE001 - report any failure to the caller, never die silently
+            conn.send((False, f"{type(exc).__name__}: {exc}"))
+
+
+_WORKER = _GradingWorker()
+
+
+def shutdown_grading_worker() -> None:
+    """Stop the helper process used for calls from non-main threads (it restarts on demand)."""
+    _WORKER.shutdown()
+
+
+def _dispatch(fn: Callable[..., _T], fn_name: str, args: tuple[Any, ...], deadline_s: float) -> _T:
+    if _in_main_thread():
+        return fn(*args)
+    result: _T = _WORKER.call(fn_name, args, deadline_s)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# math-verify core (runs in a main thread: the caller's or the helper process's)
+# --------------------------------------------------------------------------------------------------
+
+
+class _Verdict(StrEnum):
+    EQUAL = "equal"
+    DIFFERENT = "different"
+    GOLD_UNPARSEABLE = "gold-unparseable"
+    PRED_UNPARSEABLE = "pred-unparseable"
+    TIMEOUT = "timeout"
+
+
+@lru_cache(maxsize=1)
+def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool], list[Any]]:
+    try:
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError as exc:  # pragma: no cover - it is a core dependency
+        raise ImportError(
+            "prmloop's grading needs math-verify: pip install 'math-verify>=0.9,<0.10'"
+        ) from exc
+    # math-verify warns once that its timeouts are off; they are replaced by ours (module docstring).
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+    return parse, verify, config
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(answer: str) -> tuple[Any, ...]:
+    parse, _, config = _math_verify()
+    # Wrapping in \boxed{} makes math-verify read the whole answer as one LaTeX expression.
+    parsed = parse("\\boxed{" + answer + "}", extraction_config=config, parsing_timeout=None)
+    # math-verify appends the raw string as a fallback; with no sympy object it did not parse.
+    if all(isinstance(item, str) for item in parsed):
+        return ()
+    return tuple(parsed)
+
+
+def _parse(answer: str, timeout_s: float) -> list[Any]:
+    with _signal_deadline(timeout_s):
+        return list(_parse_cached(answer))
+
+
+def _verify(gold: list[Any], pred: list[Any], timeout_s: float) -> bool:
+    _, verify, _ = _math_verify()
+    with _signal_deadline(timeout_s):
+        return bool(verify(gold, pred, timeout_seconds=None))
+
+
+def _compare_in_process(
+    gold: str, pred: str, timeout_s: float, symmetric: bool, string_fast_path: bool = True
+) -> _Verdict:
+    """Compare two already-extracted answers; ``gold`` first (math-verify's ``verify`` is asymmetric)."""
+    if string_fast_path and normalize_answer(gold) == normalize_answer(pred):
+        return _Verdict.EQUAL
+    try:
+        parsed_pred = _parse(pred, timeout_s)
+        if not parsed_pred:
+            return _Verdict.PRED_UNPARSEABLE
+        parsed_gold = _parse(gold, timeout_s)
+        if not parsed_gold:
+            return _Verdict.GOLD_UNPARSEABLE
+        if _verify(parsed_gold, parsed_pred, timeout_s):
+            return _Verdict.EQUAL
+        if symmetric and _verify(parsed_pred, parsed_gold, timeout_s):
+            return _Verdict.EQUAL
+    except AnswerCheckTimeout:
+        return _Verdict.TIMEOUT
+    return _Verdict.DIFFERENT
+
+
+def _group_in_process(answers: Sequence[str], timeout_s: float) -> list[int]:
+    cluster_of_key: dict[str, int] = {}
+    representatives: list[str] = []
+    cluster_ids: list[int] = []
+    for answer in answers:
+        key = normalize_answer(answer)
+        cluster = cluster_of_key.get(key)
+        if cluster is None:
+            for index, representative in enumerate(representatives):
+                if _compare_in_process(representative, answer, timeout_s, symmetric=True) is _Verdict.EQUAL:
+                    cluster = index
+                    break
+        if cluster is None:
+            cluster = len(representatives)
+            representatives.append(answer)
+        cluster_of_key.setdefault(key, cluster)
+        cluster_ids.append(cluster)
+    return cluster_ids
+
+
+def _compare(
+    gold: str, pred: str, timeout_s: float, symmetric: bool, string_fast_path: bool = True
+) -> _Verdict:
+    # Two parses and up to two comparisons, each with its own budget, plus slack for the round trip.
+    try:
+        return _dispatch(
+            _compare_in_process,
+            "compare",
+            (gold, pred, timeout_s, symmetric, string_fast_path),
+            deadline_s=4 * timeout_s + 2,
+        )
+    except AnswerCheckTimeout:
+        return _Verdict.TIMEOUT
+
+
+# --------------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------------
+
+
+def answers_equivalent(
+    a: str, b: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, string_fast_path: bool = True
+) -> bool:
+    """Whether two extracted answers denote the same mathematical object (symmetric).
+
+    Equal :func:`normalize_answer` keys decide at once; otherwise both are parsed with math-verify and
+    compared in both directions. Unparseable answers and timeouts count as not equivalent (a timeout
+    is logged as a warning). Safe to call from any thread (module docstring).
+    ``string_fast_path=False`` always asks math-verify (for testing the parser on known answers).
+
+    Examples:
+        >>> answers_equivalent(r"\\dfrac{1}{2}", "0.5")
+        True
+        >>> answers_equivalent("17", "18")
+        False
+    """
+    verdict = _compare(a, b, timeout_s, symmetric=True, string_fast_path=string_fast_path)
+    if verdict is _Verdict.TIMEOUT:
+        logger.warning("answer comparison timed out after %.3g s: %.80r vs %.80r", timeout_s, a, b)
+    return verdict is _Verdict.EQUAL
+
+
+def grade(prediction: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> GradeResult:
+    """Grade a prediction (a whole solution or a bare answer) against a gold answer.
+
+    The prediction's answer is :func:`extract_answer` of it, or the prediction itself when it has no
+    answer marker but is a short bare answer (``"0.5"``, ``"\\frac{1}{2}"``, ``"Evelyn"``). The gold
+    answer is used as given unless it carries a ``\\boxed{}`` or ``####`` marker.
+
+    Outcomes: ``correct`` / ``incorrect`` from math-verify's ``verify(gold, prediction)``; a
+    gold answer math-verify cannot parse is compared as a normalised string; ``unparseable`` when the
+    prediction states no answer, its answer cannot be parsed, or the check ran past ``timeout_s``.
+
+    Raises:
+        ValueError: if ``gold`` is empty (a data error, not a model error).
+    """
+    gold_answer = _answer_from(gold) or gold.strip()
+    if not gold_answer:
+        raise ValueError("grade() needs a non-empty gold answer; check the question's gold_answer field")
+    predicted = _answer_from(prediction)
+    if predicted is None:
+        return GradeResult(GradeOutcome.UNPARSEABLE, None, gold_answer, "no-answer")
+    if normalize_answer(predicted) == normalize_answer(gold_answer):
+        return GradeResult(GradeOutcome.CORRECT, predicted, gold_answer, "string-match")
+    verdict = _compare(gold_answer, predicted, timeout_s, symmetric=False)
+    outcome, reason = {
+        _Verdict.EQUAL: (GradeOutcome.CORRECT, "math-verify"),
+        _Verdict.DIFFERENT: (GradeOutcome.INCORRECT, "math-verify"),
+        # The normalised strings already differ, so an unparseable gold means a different answer.
+        _Verdict.GOLD_UNPARSEABLE: (GradeOutcome.INCORRECT, "string-match"),
+        _Verdict.PRED_UNPARSEABLE: (GradeOutcome.UNPARSEABLE, "parse-failed"),
+        _Verdict.TIMEOUT: (GradeOutcome.UNPARSEABLE, "timeout"),
+    }[verdict]
+    return GradeResult(outcome, predicted, gold_answer, reason)
+
+
+def group_equivalent_answers(answers: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[int]:
+    """Cluster ids for ``answers``: equal ids mean equivalent answers (for majority / weighted votes).
+
+    Ids are assigned in first-seen order (the first answer gets 0, the first answer not equivalent
+    to it gets 1, ...). Each answer is compared with one representative (the first member) of each
+    existing cluster: equal :func:`normalize_answer` keys join at once, otherwise math-verify decides
+    symmetrically; an answer that times out against every cluster starts its own. Pass *extracted*
+    answers (see :func:`extract_answer`); empty strings form their own cluster.
+
+    Cost: O(n x clusters) comparisons in the worst case; the normalised fast path and math-verify's
+    parse cache make repeated answers cheap.
+
+    Examples:
+        >>> group_equivalent_answers(["0.5", r"\\frac{1}{2}", "3", r"\\dfrac12", "3.0"])
+        [0, 0, 1, 0, 1]
+    """
+    answers = list(answers)
+    if not answers:
+        return []
+    # Bound for the helper process: every answer against every representative, with slack.
+    deadline_s = 2 * timeout_s * len(answers) * len(answers) + 5
+    try:
+        return _dispatch(_group_in_process, "group", (answers, timeout_s), deadline_s=deadline_s)
+    except AnswerCheckTimeout:
+        logger.warning(
+            "grouping %d answers ran past %.3g s; falling back to normalised-string keys",
+            len(answers),
+            deadline_s,
+        )
+        keys: dict[str, int] = {}
+        return [keys.setdefault(normalize_answer(answer), len(keys)) for answer in answers]
