@@ -51,6 +51,7 @@ __all__ = [
     "extract_answer",
     "grade",
     "group_equivalent_answers",
+    "last_boxed",
     "normalize_answer",
     "shutdown_grading_worker",
 ]
@@ -138,6 +139,12 @@ def _boxed_contents(text: str) -> list[str]:
     return found
 
 
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``, else ``None``."""
+    boxed = _boxed_contents(text)
+    return boxed[-1].strip() if boxed else None
+
+
 def _clean_tail(answer: str) -> str:
     """Trim a line-style answer (``The answer is $x$.``, ``#### 18``) down to the answer itself."""
     answer = answer.strip()
@@ -170,9 +177,9 @@ def extract_answer(text: str) -> str | None:
         >>> extract_answer("I give up") is None
         True
     """
-    boxed = _boxed_contents(text)
-    if boxed:
-        return boxed[-1].strip()
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
     for pattern in (_ANSWER_IS_RE, _HASHES_RE):
         matches = list(pattern.finditer(text))
         if matches:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -19,9 +18,6 @@ from prmloop.models.grading import (
     group_equivalent_answers,
     normalize_answer,
 )
-
-DATA_DIR = Path(os.environ.get("PRMLOOP_DATA_DIR", Path(__file__).resolve().parents[3] / "shared" / "data"))
-MATH500 = DATA_DIR / "math" / "math500_test.jsonl"
 
 # An exponent tower math-verify cannot evaluate in any reasonable time.
 SLOW_ANSWER = "2^{2^{2^{30}}}"
@@ -161,15 +157,16 @@ def test_timeout_outside_the_main_thread_is_a_negative_answer_not_a_hang() -> No
     assert _in_thread(lambda: answers_equivalent("2", "2.0"))
 
 
-def _math500() -> list[dict[str, Any]]:
-    if not MATH500.exists():
-        pytest.skip(f"{MATH500} not found; set PRMLOOP_DATA_DIR to the shared data folder")
-    with MATH500.open(encoding="utf-8") as handle:
+@pytest.fixture(scope="module")
+def math500_rows(shared_data_dir: Path) -> list[dict[str, Any]]:
+    with (shared_data_dir / "math" / "math500_test.jsonl").open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle]
 
 
-def test_every_math500_gold_answer_is_equivalent_to_itself_through_math_verify() -> None:
-    rows = _math500()
+def test_every_math500_gold_answer_is_equivalent_to_itself_through_math_verify(
+    math500_rows: list[dict[str, Any]],
+) -> None:
+    rows = math500_rows
     assert len(rows) == 500
     failures = [
         row["answer"]
@@ -179,8 +176,10 @@ def test_every_math500_gold_answer_is_equivalent_to_itself_through_math_verify()
     assert failures == []
 
 
-def test_every_math500_reference_solution_grades_correct_against_its_answer() -> None:
-    rows = _math500()
+def test_every_math500_reference_solution_grades_correct_against_its_answer(
+    math500_rows: list[dict[str, Any]],
+) -> None:
+    rows = math500_rows
     failures = [
         (row["unique_id"], r.predicted_answer)
         for row in rows
