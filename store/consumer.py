@@ -1,0 +1,285 @@
+"""The consumer runtime every prmloop service runs on.
+
+Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effects.
+
+* Records are decoded and validated (with upcasting); a record that can never be valid goes to
+  ``<topic>.dlq`` with the error and its origin in headers, and the stream continues.
+* The handler receives a batch and must make its effect durable (and idempotent by ``event_id``)
+  before returning. Only then are the offsets committed.
+* A handler exception is transient: the same batch is retried with exponential backoff and nothing
+  is committed until it succeeds. Records the handler declares permanently bad are dead-lettered.
+* The handler runs in a worker thread while the consumer's partitions are paused and the main thread
+  keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
+* SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
+from kafka.errors import CommitFailedError, KafkaError
+from kafka.structs import OffsetAndMetadata
+from prmloop.store.events import DecodeError, Envelope, decode_event
+from prmloop.store.kafka import EventProducer, consumer_config
+from prmloop.store.settings import KafkaSettings
+from prmloop.store.topics import DLQ_SUFFIX, dlq_topic
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConsumedEvent:
+    """A decoded event and where it came from."""
+
+    event: Envelope
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass
+class RuntimeStats:
+    batches: int = 0
+    events: int = 0
+    dead_lettered: int = 0
+    retries: int = 0
+    commits: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+#: A batch handler returns the events it could never process, with the reason (they are dead-lettered).
+BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
+
+
+class ConsumerRuntime:
+    """Poll, decode, hand a batch to ``handler``, dead-letter poison, commit after the effect.
+
+    ``assign_all=True`` reads every partition of ``topics`` without joining a consumer group (the
+    DuckDB sink is the single writer, so it must not share partitions; it also restarts instantly
+    after a crash). Offsets are still committed under ``group_id``.
+    """
+
+    def __init__(
+        self,
+        *,
+        topics: Sequence[str],
+        group_id: str,
+        bootstrap_servers: str,
+        handler: BatchHandler,
+        kafka: KafkaSettings | None = None,
+        assign_all: bool = False,
+        max_batch: int = 1000,
+        max_wait_s: float = 0.2,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 30.0,
+        max_poll_interval_ms: int = 10_000,
+        session_timeout_ms: int = 10_000,
+        dlq_producer: EventProducer | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.topics = list(topics)
+        self.group_id = group_id
+        self.handler = handler
+        self.assign_all = assign_all
+        self.max_batch = max_batch
+        self.max_wait_s = max_wait_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.name = name or group_id
+        self.stats = RuntimeStats()
+        self._stop = threading.Event()
+        self._kafka = kafka or KafkaSettings()
+        self._bootstrap = bootstrap_servers
+        self._consumer = KafkaConsumer(
+            **consumer_config(
+                self._kafka,
+                bootstrap_servers,
+                group_id=group_id,
+                max_poll_records=max_batch,
+                max_poll_interval_ms=max_poll_interval_ms,
+                session_timeout_ms=session_timeout_ms,
+            )
+        )
+        if assign_all:
+            self._assign_all()
+        else:
+            self._consumer.subscribe(self.topics)
+        self._dlq = dlq_producer
+        self._owns_dlq = dlq_producer is None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
+
+    # ------------------------------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in hand, commit and return."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, until: Callable[[], bool] | None = None, install_signal_handlers: bool = True) -> RuntimeStats:
+        """Run until :meth:`stop`, SIGTERM/SIGINT, or ``until()`` returns True between batches."""
+        previous: dict[signal.Signals, Any] = {}
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            while not self._stop.is_set():
+                if until is not None and until():
+                    break
+                batch = self._collect()
+                if batch:
+                    self._process(batch)
+        finally:
+            for signum, old_handler in previous.items():
+                signal.signal(signum, old_handler)
+            self.close()
+        return self.stats
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        try:
+            self._consumer.close(autocommit=False)
+        except KafkaError as exc:  # leaving the group is best effort: the session times out anyway
+            log.warning("closing the consumer failed: %r", exc)
+        if self._owns_dlq and self._dlq is not None:
+            self._dlq.close()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("%s: signal %d received, finishing the current batch", self.name, signum)
+        self._stop.set()
+
+    # ------------------------------------------------------------------------------------------ polling
+
+    def _assign_all(self) -> None:
+        partitions: list[TopicPartition] = []
+        for topic in self.topics:
+            ids = None
+            deadline = time.monotonic() + 30
+            while ids is None and time.monotonic() < deadline:
+                ids = self._consumer.partitions_for_topic(topic)
+                if ids is None:
+                    time.sleep(0.2)
+            if ids is None:
+                raise RuntimeError(f"topic {topic!r} does not exist: create the topics first (`prmloop topics`)")
+            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
+        self._consumer.assign(partitions)
+
+    def _collect(self) -> list[ConsumerRecord]:
+        """Up to ``max_batch`` records, waiting at most ``max_wait_s`` after the first one arrives."""
+        records: list[ConsumerRecord] = []
+        deadline: float | None = None
+        while len(records) < self.max_batch and not self._stop.is_set():
+            timeout = self.max_wait_s if deadline is None else max(0.0, deadline - time.monotonic())
+            polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.max_batch - len(records))
+            for recs in polled.values():
+                records.extend(recs)
+            if records and deadline is None:
+                deadline = time.monotonic() + self.max_wait_s
+            if deadline is None or time.monotonic() >= deadline:
+                break
+        return records
+
+    # --------------------------------------------------------------------------------------- processing
+
+    def _process(self, records: list[ConsumerRecord]) -> None:
+        good: list[ConsumedEvent] = []
+        poison: list[tuple[ConsumerRecord, str, str]] = []
+        for rec in records:
+            if rec.topic.endswith(DLQ_SUFFIX):
+                continue
+            try:
+                event = decode_event(rec.value if rec.value is not None else b"")
+            except DecodeError as exc:
+                poison.append((rec, type(exc).__name__, str(exc)))
+                continue
+            good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp))
+        by_position = {(r.topic, r.partition, r.offset): r for r in records}
+        rejected = self._run_handler(good)
+        if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
+            return
+        for consumed, reason in rejected:
+            poison.append((by_position[(consumed.topic, consumed.partition, consumed.offset)], "Rejected", reason))
+        for rec, kind, reason in poison:
+            self._dead_letter(rec, kind, reason)
+        self._commit(records)
+        self.stats.batches += 1
+        self.stats.events += len(good) - len(rejected)
+        self.stats.dead_lettered += len(poison)
+
+    def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]] | None:
+        if not batch:
+            return []
+        delay = self.backoff_initial_s
+        while True:
+            future = self._executor.submit(self.handler, batch)
+            self._wait_polling(future)
+            try:
+                return list(future.result() or [])
+            except Exception as exc:  # noqa: BLE001 - a handler failure is transient by contract
+                self.stats.retries += 1
+                log.warning("%s: batch of %d failed (%r); retrying in %.1fs", self.name, len(batch), exc, delay)
+                if self._stop.wait(delay):
+                    return None
+                delay = min(delay * 2, self.backoff_max_s)
+
+    def _wait_polling(self, future: Future[Any]) -> None:
+        """Keep the group membership while the worker thread works: pause, poll, resume."""
+        if future.done():
+            return
+        paused = set(self._consumer.assignment())
+        self._consumer.pause(*paused)
+        try:
+            while not future.done():
+                polled = self._consumer.poll(timeout_ms=100)
+                # A rebalance may have handed us unpaused partitions: give back what they returned.
+                for tp, recs in polled.items():
+                    self._consumer.seek(tp, recs[0].offset)
+                fresh = set(self._consumer.assignment()) - paused
+                if fresh:
+                    self._consumer.pause(*fresh)
+                    paused |= fresh
+        finally:
+            self._consumer.resume(*(paused & set(self._consumer.assignment())))
+
+    def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> None:
+        if self._dlq is None:
+            self._dlq = EventProducer(self._bootstrap, kafka=self._kafka)
+        headers = [
+            *(rec.headers or []),
+            ("dlq.error_type", kind.encode()),
+            ("dlq.error", reason[:4000].encode()),
+            ("dlq.topic", rec.topic.encode()),
+            ("dlq.partition", str(rec.partition).encode()),
+            ("dlq.offset", str(rec.offset).encode()),
+            ("dlq.consumer", self.name.encode()),
+            ("dlq.failed_at", datetime.now(UTC).isoformat().encode()),
+        ]
+        self._dlq.send_raw(dlq_topic(rec.topic), rec.key, rec.value, headers)
+        log.error("%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason)
+
+    def _commit(self, records: list[ConsumerRecord]) -> None:
+        offsets: dict[TopicPartition, OffsetAndMetadata] = {}
+        for rec in records:
+            tp = TopicPartition(rec.topic, rec.partition)
+            if tp not in offsets or offsets[tp].offset <= rec.offset:
+                offsets[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
+        try:
+            self._consumer.commit(offsets=offsets)
+            self.stats.commits += 1
+        except (CommitFailedError, KafkaError) as exc:
+            # The effect is durable and idempotent: whoever reads these records next repeats nothing.
+            log.warning("%s: offset commit failed (%r); the records will be redelivered", self.name, exc)

@@ -1,0 +1,508 @@
+"""Events: one frozen envelope, versioned payloads, upcasters, and the JSON wire codec.
+
+Every fact prmloop learns is an immutable :class:`Envelope`. Its ``payload`` is a discriminated union
+on ``event_type``. Payload classes declare their current ``SCHEMA_VERSION``; an event written by an
+older producer is upgraded by the chain of ``upcast_vN_vN+1`` functions registered with
+:func:`upcaster` *before* validation, so consumers only ever see the current shape.
+
+Producers forbid unknown fields (a typo is a bug and fails loudly); consumers ignore them (a newer
+producer may add an optional field before every consumer is upgraded). Both use the same classes:
+decoding passes ``context={"lenient": True}``, which drops unknown keys before validation.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+__all__ = [
+    "PAYLOAD_TYPES",
+    "CalibrationFitted",
+    "CostLedger",
+    "DecodeError",
+    "Envelope",
+    "LabelsAccepted",
+    "LabelsRejected",
+    "MCEstimate",
+    "ModelRef",
+    "ModelRegistered",
+    "Payload",
+    "QuestionPrioritized",
+    "QuestionRegistered",
+    "SamplingSpec",
+    "SolutionSampled",
+    "SolutionUncertainty",
+    "StepsJudged",
+    "StepsLabeled",
+    "StepsScored",
+    "UnknownEventType",
+    "UnknownSchemaVersion",
+    "decode_event",
+    "deterministic_event_id",
+    "encode_event",
+    "make_event",
+    "upcast",
+    "upcaster",
+]
+
+#: Namespace of deterministic event ids: the same logical fact always gets the same id, which is what
+#: makes re-running a flow or restarting a consumer publish nothing new.
+EVENT_NAMESPACE = uuid.UUID("6f1c2b0e-4d53-5a8e-9a57-1f0c2e7d9b31")
+
+
+class Record(BaseModel):
+    """Base of every payload and nested record: frozen, strict about unknown fields unless lenient."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_when_lenient(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, Mapping) and info.context and info.context.get("lenient"):
+            known = set(cls.model_fields)
+            return {k: v for k, v in data.items() if k in known}
+        return data
+
+
+class ModelRef(Record):
+    """Which model produced something: enough to reproduce it."""
+
+    backend: str = Field(description="engine: transformers, vllm, openai, simulator, ...")
+    name: str = Field(description="model name or path, e.g. SmolLM2-135M-Instruct")
+    revision: str | None = Field(default=None, description="weights hash, adapter id or version tag")
+
+
+class SamplingSpec(Record):
+    """Sampling parameters of a generation or rollout call."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    seed: int | None = None
+    n: int = 1
+    stop: tuple[str, ...] = ()
+
+
+class SolutionUncertainty(Record):
+    """Token-level uncertainty of one sampled solution (UnPRM section 3; CoT-entropy paper)."""
+
+    entropy: float | None = Field(default=None, description="UnPRM u = -sum z_i log z_i over the solution")
+    mean_nll: float | None = Field(default=None, description="mean negative log-likelihood per token")
+    perplexity: float | None = None
+    step_entropy: tuple[float, ...] | None = Field(default=None, description="u(s_t) per step")
+    answer_dispersion: float | None = Field(
+        default=None, description="entropy of the final-answer distribution across the k samples"
+    )
+
+
+class MCEstimate(Record):
+    """One Monte-Carlo estimate of a state s_t (EpicPRM Eq. 1-2)."""
+
+    step_index: int = Field(ge=-1, description="-1 is the empty prefix s_0")
+    value: float
+    rollouts: int = Field(ge=0)
+    correct_rollouts: int = Field(ge=0)
+    weighted: bool = Field(default=False, description="True for MC-PPL (perplexity-weighted), False for hard MC")
+
+
+class CostLedger(Record):
+    """What a label cost: the figures the papers compare strategies by (EpicPRM Table 2)."""
+
+    verified_steps: int = Field(default=0, ge=0)
+    rollouts: int = Field(default=0, ge=0)
+    generated_tokens: int = Field(default=0, ge=0)
+    wall_time_s: float = Field(default=0.0, ge=0.0)
+    failures: dict[str, int] = Field(
+        default_factory=dict, description="counted, never crashed on: max_tokens, unparseable, completer_error"
+    )
+
+
+class Payload(Record):
+    """Base of event payloads. Subclasses set ``event_type`` (the discriminator) and ``SCHEMA_VERSION``."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    #: Topic the event is published to (see :mod:`prmloop.store.topics`).
+    TOPIC: ClassVar[str]
+
+    def correlation_id(self) -> str:
+        """The question or solution this event concerns; it is the Kafka key, so order is kept."""
+        for name in ("solution_id", "question_id", "model_id", "calibration_id"):
+            value = getattr(self, name, None)
+            if value:
+                return str(value)
+        raise NotImplementedError(f"{type(self).__name__} has no correlation id field")
+
+
+class QuestionRegistered(Payload):
+    event_type: Literal["QuestionRegistered"] = "QuestionRegistered"
+    TOPIC: ClassVar[str] = "questions.registered"
+
+    question_id: str
+    dataset: str
+    problem: str
+    gold_answer: str | None = None
+    source: str | None = Field(default=None, description="file and line, or data set and index")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class QuestionPrioritized(Payload):
+    event_type: Literal["QuestionPrioritized"] = "QuestionPrioritized"
+    TOPIC: ClassVar[str] = "questions.prioritized"
+
+    question_id: str
+    priority: float
+    round: int = Field(ge=0)
+    signals: dict[str, float] = Field(default_factory=dict, description="the uncertainty terms behind priority")
+    prm: ModelRef | None = None
+
+
+class SolutionSampled(Payload):
+    event_type: Literal["SolutionSampled"] = "SolutionSampled"
+    TOPIC: ClassVar[str] = "solutions.sampled"
+
+    solution_id: str
+    question_id: str
+    generator: ModelRef
+    sampling: SamplingSpec
+    prompt_format: str = Field(description="step format: step_k, double_newline, chat")
+    text: str
+    steps: tuple[str, ...]
+    step_token_offsets: tuple[int, ...] | None = Field(
+        default=None, description="token index where each step starts in the completion"
+    )
+    token_logprobs: tuple[float, ...] | None = Field(
+        default=None, description="log-prob of every generated token, or None when token_logprobs_ref is set"
+    )
+    token_logprobs_ref: str | None = Field(default=None, description="where large log-prob arrays are stored")
+    final_answer: str | None = None
+    correct: bool | None = Field(default=None, description="None: not graded or unparseable")
+    gold_answer: str | None = None
+    uncertainty: SolutionUncertainty | None = None
+    selected_by: str | None = Field(default=None, description="selection strategy that kept this solution")
+    completion_tokens: int = Field(default=0, ge=0)
+
+
+class StepsScored(Payload):
+    event_type: Literal["StepsScored"] = "StepsScored"
+    TOPIC: ClassVar[str] = "steps.scored"
+
+    solution_id: str
+    question_id: str
+    scorer: ModelRef
+    step_uncertainty: tuple[float, ...] = Field(description="u(s_t) for t = 1..T")
+    uncertainty_delta: tuple[float, ...] = Field(description="Δu(s_t) = u(s_t) - u(s_{t-1})")
+    step_order: tuple[int, ...] = Field(description="step indices by descending Δu (UnPRM Algorithm 1)")
+
+
+class StepsLabeled(Payload):
+    event_type: Literal["StepsLabeled"] = "StepsLabeled"
+    TOPIC: ClassVar[str] = "steps.labeled"
+
+    solution_id: str
+    question_id: str
+    method: str = Field(description="sequential, binary, adaptive_binary, uncertainty_driven, all_correct, ...")
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    labels: tuple[bool, ...]
+    soft_labels: tuple[float, ...] | None = None
+    first_error_step: int | None = Field(default=None, ge=0, description="0-based; None: every step correct")
+    mc_estimates: tuple[MCEstimate, ...] = ()
+    completers: tuple[ModelRef, ...] = ()
+    cost: CostLedger = Field(default_factory=CostLedger)
+
+    @model_validator(mode="after")
+    def _first_error_consistent(self) -> Self:
+        if self.first_error_step is not None and self.first_error_step >= len(self.labels):
+            raise ValueError(
+                f"first_error_step {self.first_error_step} is outside the {len(self.labels)} labelled steps"
+            )
+        return self
+
+
+class StepsJudged(Payload):
+    event_type: Literal["StepsJudged"] = "StepsJudged"
+    TOPIC: ClassVar[str] = "steps.judged"
+
+    solution_id: str
+    question_id: str
+    judge: ModelRef
+    verdicts: tuple[bool | None, ...] = Field(description="per step; None where the judge gave no verdict")
+    first_error_step: int | None = Field(default=None, ge=0)
+    step_entropy: tuple[float, ...] | None = Field(default=None, description="CoT entropy per step")
+    cost: CostLedger = Field(default_factory=CostLedger)
+
+
+class _ConsensusDecision(Payload):
+    solution_id: str
+    question_id: str
+    labels: tuple[bool, ...]
+    first_error_step: int | None = Field(default=None, ge=0)
+    source_event_ids: tuple[uuid.UUID, ...] = Field(description="the labelled/judged events weighed")
+    rule: str = Field(description="consensus rule and its parameters")
+
+
+class LabelsAccepted(_ConsensusDecision):
+    event_type: Literal["LabelsAccepted"] = "LabelsAccepted"
+    TOPIC: ClassVar[str] = "labels.accepted"
+
+
+class LabelsRejected(_ConsensusDecision):
+    event_type: Literal["LabelsRejected"] = "LabelsRejected"
+    TOPIC: ClassVar[str] = "labels.rejected"
+
+    reason: str
+
+
+class ModelRegistered(Payload):
+    event_type: Literal["ModelRegistered"] = "ModelRegistered"
+    TOPIC: ClassVar[str] = "models.registered"
+
+    model_id: str
+    kind: Literal["prm", "generator", "judge"]
+    base_model: ModelRef
+    artifact_uri: str = Field(description="where the adapter or weights are stored")
+    dataset_snapshot: str = Field(description="the query or hash of the training set")
+    train_examples: int = Field(ge=0)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class CalibrationFitted(Payload):
+    event_type: Literal["CalibrationFitted"] = "CalibrationFitted"
+    TOPIC: ClassVar[str] = "calibrations.fitted"
+
+    calibration_id: str
+    generator: str
+    prm: str
+    score_rule: str = Field(description="min, prod, last, ...")
+    method: str = Field(description="logit, linear, kde, wrf, ...")
+    fit: dict[str, Any] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
+    calibration_split: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+AnyPayload: TypeAlias = Annotated[
+    QuestionRegistered
+    | QuestionPrioritized
+    | SolutionSampled
+    | StepsScored
+    | StepsLabeled
+    | StepsJudged
+    | LabelsAccepted
+    | LabelsRejected
+    | ModelRegistered
+    | CalibrationFitted,
+    Field(discriminator="event_type"),
+]
+
+PAYLOAD_TYPES: dict[str, type[Payload]] = {
+    cls.model_fields["event_type"].default: cls
+    for cls in (
+        QuestionRegistered,
+        QuestionPrioritized,
+        SolutionSampled,
+        StepsScored,
+        StepsLabeled,
+        StepsJudged,
+        LabelsAccepted,
+        LabelsRejected,
+        ModelRegistered,
+        CalibrationFitted,
+    )
+}
+
+
+class Envelope(BaseModel):
+    """The frozen envelope of every event. ``event_id`` is the idempotency key everywhere."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: uuid.UUID
+    event_type: str
+    schema_version: int = Field(ge=1)
+    occurred_at: AwareDatetime
+    producer: str = Field(description="service name and version, e.g. prmloop-sample/0.1.0")
+    causation_id: uuid.UUID | None = Field(default=None, description="the event this one reacts to")
+    correlation_id: str = Field(description="the question or solution this concerns; the Kafka key")
+    payload: AnyPayload
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_when_lenient(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, Mapping) and info.context and info.context.get("lenient"):
+            return {k: v for k, v in data.items() if k in cls.model_fields}
+        return data
+
+    @model_validator(mode="after")
+    def _type_matches_payload(self) -> Self:
+        if self.event_type != self.payload.event_type:
+            raise ValueError(
+                f"envelope event_type {self.event_type!r} differs from payload {self.payload.event_type!r}"
+            )
+        expected = type(self.payload).SCHEMA_VERSION
+        if self.schema_version != expected:
+            raise ValueError(f"{self.event_type} must carry schema_version {expected}, got {self.schema_version}")
+        return self
+
+    @property
+    def topic(self) -> str:
+        return type(self.payload).TOPIC
+
+
+#: One TypeAdapter per type (built once; building them per call is slow).
+ENVELOPE_ADAPTER: TypeAdapter[Envelope] = TypeAdapter(Envelope)
+PAYLOAD_ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(cls) for name, cls in PAYLOAD_TYPES.items()}
+
+
+def deterministic_event_id(event_type: str, *key_parts: object) -> uuid.UUID:
+    """A UUIDv5 of the event type and the parts that identify one logical fact.
+
+    Examples: a sampled solution is (question id, generator, seed, sample index); a label is
+    (solution id, method, parameters). Publishing the same fact twice yields the same id, and the
+    sink keeps it once.
+    """
+    key = "\x1f".join([event_type, *(json.dumps(p, sort_keys=True, default=str) for p in key_parts)])
+    return uuid.uuid5(EVENT_NAMESPACE, key)
+
+
+def make_event(
+    payload: Payload,
+    *,
+    producer: str,
+    event_id: uuid.UUID | None = None,
+    causation_id: uuid.UUID | None = None,
+    occurred_at: datetime | None = None,
+) -> Envelope:
+    """Wrap a payload in an envelope. Without an explicit ``event_id`` a random UUID4 is used;
+    prefer :func:`deterministic_event_id` for anything that may be re-run."""
+    return Envelope(
+        event_id=event_id or uuid.uuid4(),
+        event_type=payload.event_type,  # type: ignore[attr-defined]
+        schema_version=type(payload).SCHEMA_VERSION,
+        occurred_at=occurred_at or datetime.now(UTC),
+        producer=producer,
+        causation_id=causation_id,
+        correlation_id=payload.correlation_id(),
+        payload=payload,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- upcasting
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register ``fn`` as the upgrade of ``event_type`` payloads from ``from_version`` to the next.
+
+    Name the function ``upcast_v{N}_v{N+1}``; it receives and returns the payload as a plain dict.
+    """
+
+    def register(fn: Upcaster) -> Upcaster:
+        key = (event_type, from_version)
+        if key in _UPCASTERS:
+            raise ValueError(f"an upcaster for {event_type} v{from_version} is already registered")
+        _UPCASTERS[key] = fn
+        return fn
+
+    return register
+
+
+def upcast(event_type: str, version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Apply the registered upcasters from ``version`` up to the current version of ``event_type``."""
+    cls = PAYLOAD_TYPES.get(event_type)
+    if cls is None:
+        raise UnknownEventType(event_type)
+    current = cls.SCHEMA_VERSION
+    if version > current:
+        raise UnknownSchemaVersion(event_type, version, current)
+    while version < current:
+        fn = _UPCASTERS.get((event_type, version))
+        if fn is None:
+            raise UnknownSchemaVersion(event_type, version, current)
+        payload = fn(dict(payload))
+        version += 1
+    return payload
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+class DecodeError(ValueError):
+    """A record that can never become a valid event: it belongs in the dead-letter topic."""
+
+
+class UnknownEventType(DecodeError):
+    def __init__(self, event_type: object) -> None:
+        super().__init__(
+            f"unknown event_type {event_type!r}; known types: {', '.join(sorted(PAYLOAD_TYPES))}. "
+            "Upgrade this consumer if a newer producer introduced it."
+        )
+
+
+class UnknownSchemaVersion(DecodeError):
+    def __init__(self, event_type: str, version: int, current: int) -> None:
+        hint = (
+            "a newer producer wrote it: upgrade this consumer"
+            if version > current
+            else f"register an upcaster with @upcaster({event_type!r}, {version})"
+        )
+        super().__init__(f"{event_type} schema_version {version} cannot be read (current is {current}): {hint}")
+
+
+# ------------------------------------------------------------------------------------------------- codec
+
+
+def encode_event(event: Envelope) -> bytes:
+    """The wire format: the envelope as compact JSON (UTF-8)."""
+    return event.model_dump_json().encode()
+
+
+def decode_event(raw: bytes | str | Mapping[str, Any]) -> Envelope:
+    """Parse, upcast and validate one event, ignoring fields this version does not know.
+
+    Raises :class:`DecodeError` (with a message naming what is wrong) for anything that can never
+    be valid: not JSON, not an object, unknown type or version, failed validation.
+    """
+    if isinstance(raw, bytes | str):
+        # Fast path: a current-version event validates straight from JSON in pydantic's Rust core.
+        try:
+            return ENVELOPE_ADAPTER.validate_json(raw, context={"lenient": True})
+        except ValidationError:
+            pass  # older version, or invalid: the slow path below upcasts or explains
+    if isinstance(raw, Mapping):
+        data: Any = dict(raw)
+    else:
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            preview = raw[:80] if isinstance(raw, str) else raw[:80].decode("utf-8", "replace")
+            raise DecodeError(f"record is not JSON ({exc}); starts with {preview!r}") from exc
+    if not isinstance(data, dict):
+        raise DecodeError(f"record is JSON but not an object: {type(data).__name__}")
+    event_type = data.get("event_type")
+    version = data.get("schema_version")
+    payload = data.get("payload")
+    if not isinstance(event_type, str) or not isinstance(version, int) or not isinstance(payload, dict):
+        raise DecodeError("record lacks a string event_type, an integer schema_version or an object payload")
+    payload = upcast(event_type, version, payload)
+    payload.setdefault("event_type", event_type)
+    data = {**data, "payload": payload, "schema_version": PAYLOAD_TYPES[event_type].SCHEMA_VERSION}
+    try:
+        return ENVELOPE_ADAPTER.validate_python(data, context={"lenient": True})
+    except ValidationError as exc:
+        raise DecodeError(f"{event_type} v{version} failed validation: {exc}") from exc

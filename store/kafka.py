@@ -1,0 +1,179 @@
+"""Kafka plumbing shared by every service: topic admin and an acknowledged, retrying event producer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from prmloop.store.events import Envelope, encode_event
+from prmloop.store.outbox import Outbox
+from prmloop.store.settings import KafkaSettings
+from prmloop.store.topics import TopicSpec, all_topic_specs
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(RuntimeError):
+    pass
+
+
+def ensure_topics(
+    bootstrap_servers: str, specs: Sequence[TopicSpec] | None = None, kafka: KafkaSettings | None = None
+) -> list[str]:
+    """Create the topics that do not exist yet; idempotent. Returns the names created now."""
+    kafka = kafka or KafkaSettings()
+    specs = list(specs) if specs is not None else all_topic_specs()
+    admin = KafkaAdminClient(**kafka.client_kwargs(bootstrap_servers))
+    created: list[str] = []
+    try:
+        for spec in specs:
+            try:
+                admin.create_topics([NewTopic(spec.name, spec.partitions, spec.replication_factor)])
+                created.append(spec.name)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+    return created
+
+
+def consumer_config(
+    kafka: KafkaSettings,
+    bootstrap_servers: str,
+    *,
+    group_id: str | None,
+    max_poll_records: int = 1000,
+    max_poll_interval_ms: int = 10_000,
+    session_timeout_ms: int = 10_000,
+) -> dict[str, Any]:
+    """kafka-python consumer settings used by every prmloop consumer (and the raw benchmark baseline)."""
+    return {
+        **kafka.client_kwargs(bootstrap_servers),
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        # Tansu delays a group join by about half the rebalance timeout: keep it short and keep polling.
+        "max_poll_interval_ms": max_poll_interval_ms,
+        "session_timeout_ms": session_timeout_ms,
+        "heartbeat_interval_ms": max(500, session_timeout_ms // 5),
+        "max_poll_records": max_poll_records,
+        "fetch_max_wait_ms": 100,
+        "fetch_max_bytes": 32 * 1024 * 1024,
+        "max_partition_fetch_bytes": 8 * 1024 * 1024,
+        # Tansu may answer a fetch with more than fetch_max_bytes; kafka-python's 1 MB frame cap drops it.
+        "receive_message_max_bytes": 128 * 1024 * 1024,
+        "reconnect_backoff_max_ms": 2_000,
+        "request_timeout_ms": max(30_000, session_timeout_ms + 5_000),
+    }
+
+
+def event_headers(event: Envelope) -> list[tuple[str, bytes]]:
+    """``event_type`` and ``schema_version`` travel in headers too, so routers need not parse JSON."""
+    return [
+        ("event_type", event.event_type.encode()),
+        ("schema_version", str(event.schema_version).encode()),
+        ("event_id", str(event.event_id).encode()),
+        ("content-type", b"application/json"),
+    ]
+
+
+class EventProducer:
+    """Publishes events and returns only when the broker acknowledged all of them (``acks='all'``).
+
+    Failures are retried with exponential backoff until ``timeout_s``; the broker being restarted
+    is such a failure. Every event is first written to the outbox (when one is given), so events
+    acknowledged by an in-memory broker that then restarts can be re-published by ``reconcile``.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        kafka: KafkaSettings | None = None,
+        outbox: Outbox | None = None,
+        linger_ms: int = 5,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.kafka = kafka or KafkaSettings()
+        self.outbox = outbox
+        self.timeout_s = timeout_s
+        self._producer = KafkaProducer(
+            **self.kafka.client_kwargs(bootstrap_servers),
+            acks="all",
+            linger_ms=linger_ms,
+            retries=5,
+            retry_backoff_ms=200,
+            request_timeout_ms=10_000,
+            max_block_ms=10_000,
+            reconnect_backoff_max_ms=2_000,
+            # One in-flight request keeps a key's events in order when a send is retried.
+            max_in_flight_requests_per_connection=1,
+            batch_size=256 * 1024,
+            max_request_size=8 * 1024 * 1024,
+        )
+
+    def publish(self, events: Iterable[Envelope]) -> int:
+        """Send ``events`` (each to its type's topic, keyed by ``correlation_id``); wait for acks."""
+        batch = list(events)
+        if not batch:
+            return 0
+        if self.outbox is not None:
+            self.outbox.append(batch)
+        deadline = time.monotonic() + self.timeout_s
+        pending = batch
+        delay = 0.2
+        while True:
+            futures = [
+                (
+                    e,
+                    self._producer.send(
+                        e.topic,
+                        key=e.correlation_id.encode(),
+                        value=encode_event(e),
+                        headers=event_headers(e),
+                    ),
+                )
+                for e in pending
+            ]
+            self._producer.flush(timeout=self.timeout_s)
+            failed: list[Envelope] = []
+            last_error: BaseException | None = None
+            for e, fut in futures:
+                try:
+                    fut.get(timeout=max(0.1, deadline - time.monotonic()))
+                except KafkaError as exc:
+                    failed.append(e)
+                    last_error = exc
+            if not failed:
+                return len(batch)
+            if time.monotonic() + delay > deadline:
+                raise PublishError(
+                    f"{len(failed)} of {len(batch)} events were not acknowledged within {self.timeout_s}s: "
+                    f"{last_error!r}. Is the broker up? They are kept in the outbox; `prmloop reconcile` "
+                    "re-publishes them."
+                )
+            log.warning("retrying %d unacknowledged events after %r", len(failed), last_error)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            pending = failed
+
+    def send_raw(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
+        """Send one record as it is (dead-letter copies) and wait for its acknowledgement."""
+        self._producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self._producer.close(timeout=10)
+        if self.outbox is not None:
+            self.outbox.close()
+
+    def __enter__(self) -> EventProducer:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()

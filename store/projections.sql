@@ -1,0 +1,192 @@
+-- Projections over the event log. Every table a person queries is derived from `events`;
+-- a label is never updated, a newer event supersedes it. Created by the sink (the only writer).
+
+CREATE OR REPLACE VIEW questions AS
+SELECT
+    payload->>'question_id' AS question_id,
+    payload->>'dataset' AS dataset,
+    payload->>'problem' AS problem,
+    payload->>'gold_answer' AS gold_answer,
+    payload->>'source' AS source,
+    occurred_at AS registered_at,
+    event_id
+FROM events
+WHERE event_type = 'QuestionRegistered'
+QUALIFY row_number() OVER (PARTITION BY payload->>'question_id' ORDER BY occurred_at DESC, event_id) = 1;
+
+CREATE OR REPLACE VIEW question_priorities AS
+SELECT
+    payload->>'question_id' AS question_id,
+    CAST(payload->>'priority' AS DOUBLE) AS priority,
+    CAST(payload->>'round' AS INTEGER) AS round,
+    payload->'signals' AS signals,
+    occurred_at AS prioritized_at,
+    event_id
+FROM events
+WHERE event_type = 'QuestionPrioritized'
+QUALIFY row_number() OVER (PARTITION BY payload->>'question_id' ORDER BY occurred_at DESC, event_id) = 1;
+
+CREATE OR REPLACE VIEW solutions AS
+SELECT
+    payload->>'solution_id' AS solution_id,
+    payload->>'question_id' AS question_id,
+    payload->'generator'->>'backend' AS generator_backend,
+    payload->'generator'->>'name' AS generator,
+    payload->>'prompt_format' AS prompt_format,
+    CAST(json_array_length(payload->'steps') AS INTEGER) AS n_steps,
+    payload->>'final_answer' AS final_answer,
+    payload->>'gold_answer' AS gold_answer,
+    TRY_CAST(payload->>'correct' AS BOOLEAN) AS correct,
+    TRY_CAST(payload->'uncertainty'->>'entropy' AS DOUBLE) AS entropy,
+    TRY_CAST(payload->'uncertainty'->>'mean_nll' AS DOUBLE) AS mean_nll,
+    payload->>'selected_by' AS selected_by,
+    CAST(payload->>'completion_tokens' AS BIGINT) AS completion_tokens,
+    CAST(payload->'sampling'->>'temperature' AS DOUBLE) AS temperature,
+    TRY_CAST(payload->'sampling'->>'seed' AS BIGINT) AS seed,
+    payload->>'text' AS text,
+    occurred_at AS sampled_at,
+    event_id
+FROM events
+WHERE event_type = 'SolutionSampled'
+QUALIFY row_number() OVER (PARTITION BY payload->>'solution_id' ORDER BY occurred_at DESC, event_id) = 1;
+
+CREATE OR REPLACE VIEW steps AS
+SELECT
+    solution_id,
+    question_id,
+    CAST(generate_subscripts(step_texts, 1) - 1 AS INTEGER) AS step_index,
+    unnest(step_texts) AS text
+FROM (
+    SELECT
+        payload->>'solution_id' AS solution_id,
+        payload->>'question_id' AS question_id,
+        from_json(payload->'steps', '["VARCHAR"]') AS step_texts
+    FROM events
+    WHERE event_type = 'SolutionSampled'
+    QUALIFY row_number() OVER (PARTITION BY payload->>'solution_id' ORDER BY occurred_at DESC, event_id) = 1
+);
+
+CREATE OR REPLACE VIEW step_scores AS
+SELECT
+    solution_id,
+    CAST(generate_subscripts(u, 1) - 1 AS INTEGER) AS step_index,
+    unnest(u) AS uncertainty,
+    unnest(du) AS uncertainty_delta,
+    scorer,
+    occurred_at,
+    event_id
+FROM (
+    SELECT
+        payload->>'solution_id' AS solution_id,
+        from_json(payload->'step_uncertainty', '["DOUBLE"]') AS u,
+        from_json(payload->'uncertainty_delta', '["DOUBLE"]') AS du,
+        payload->'scorer'->>'name' AS scorer,
+        occurred_at,
+        event_id
+    FROM events
+    WHERE event_type = 'StepsScored'
+);
+
+-- Every label any source ever gave any step, newest last. source: StepsLabeled (MC annotation),
+-- StepsJudged (LLM judge verdicts), LabelsAccepted (consensus).
+CREATE OR REPLACE VIEW label_history AS
+SELECT
+    solution_id,
+    question_id,
+    CAST(generate_subscripts(step_labels, 1) - 1 AS INTEGER) AS step_index,
+    unnest(step_labels) AS label,
+    source,
+    method,
+    first_error_step,
+    occurred_at,
+    event_id
+FROM (
+    SELECT
+        payload->>'solution_id' AS solution_id,
+        payload->>'question_id' AS question_id,
+        from_json(coalesce(payload->'labels', payload->'verdicts'), '["BOOLEAN"]') AS step_labels,
+        event_type AS source,
+        coalesce(payload->>'method', payload->>'rule', payload->'judge'->>'name') AS method,
+        TRY_CAST(payload->>'first_error_step' AS INTEGER) AS first_error_step,
+        occurred_at,
+        event_id
+    FROM events
+    WHERE event_type IN ('StepsLabeled', 'StepsJudged', 'LabelsAccepted')
+);
+
+-- The label in force for each step: consensus beats annotation beats a judge; then the newest wins.
+CREATE OR REPLACE VIEW current_labels AS
+SELECT
+    solution_id,
+    question_id,
+    step_index,
+    label,
+    source,
+    method,
+    first_error_step,
+    occurred_at AS labeled_at,
+    event_id,
+    count(*) OVER (PARTITION BY solution_id, step_index) AS n_versions
+FROM label_history
+QUALIFY row_number() OVER (
+    PARTITION BY solution_id, step_index
+    ORDER BY CASE source WHEN 'LabelsAccepted' THEN 0 WHEN 'StepsLabeled' THEN 1 ELSE 2 END,
+             occurred_at DESC, event_id DESC
+) = 1;
+
+CREATE OR REPLACE VIEW consensus AS
+SELECT
+    payload->>'solution_id' AS solution_id,
+    payload->>'question_id' AS question_id,
+    CASE event_type WHEN 'LabelsAccepted' THEN 'accepted' ELSE 'rejected' END AS decision,
+    payload->>'rule' AS rule,
+    payload->>'reason' AS reason,
+    TRY_CAST(payload->>'first_error_step' AS INTEGER) AS first_error_step,
+    occurred_at,
+    event_id
+FROM events
+WHERE event_type IN ('LabelsAccepted', 'LabelsRejected');
+
+CREATE OR REPLACE VIEW cost_ledger AS
+SELECT
+    payload->>'solution_id' AS solution_id,
+    payload->>'question_id' AS question_id,
+    event_type AS source,
+    coalesce(payload->>'method', payload->'judge'->>'name') AS method,
+    CAST(payload->'cost'->>'verified_steps' AS BIGINT) AS verified_steps,
+    CAST(payload->'cost'->>'rollouts' AS BIGINT) AS rollouts,
+    CAST(payload->'cost'->>'generated_tokens' AS BIGINT) AS generated_tokens,
+    CAST(payload->'cost'->>'wall_time_s' AS DOUBLE) AS wall_time_s,
+    payload->'cost'->'failures' AS failures,
+    occurred_at,
+    event_id
+FROM events
+WHERE event_type IN ('StepsLabeled', 'StepsJudged');
+
+CREATE OR REPLACE VIEW model_versions AS
+SELECT
+    payload->>'model_id' AS model_id,
+    payload->>'kind' AS kind,
+    payload->'base_model'->>'name' AS base_model,
+    payload->>'artifact_uri' AS artifact_uri,
+    payload->>'dataset_snapshot' AS dataset_snapshot,
+    CAST(payload->>'train_examples' AS BIGINT) AS train_examples,
+    payload->'metrics' AS metrics,
+    occurred_at AS registered_at,
+    event_id
+FROM events
+WHERE event_type = 'ModelRegistered';
+
+CREATE OR REPLACE VIEW calibrations AS
+SELECT
+    payload->>'calibration_id' AS calibration_id,
+    payload->>'generator' AS generator,
+    payload->>'prm' AS prm,
+    payload->>'score_rule' AS score_rule,
+    payload->>'method' AS method,
+    payload->'fit' AS fit,
+    payload->'metrics' AS metrics,
+    occurred_at AS fitted_at,
+    event_id
+FROM events
+WHERE event_type = 'CalibrationFitted';

@@ -1,0 +1,158 @@
+"""Realistic synthetic event streams for the demo, tests and the sink benchmark.
+
+The shapes follow what the pipeline emits for real: per question one registration, k sampled
+solutions (steps, ~40 token log-probs per step, uncertainty), their step scores and MC labels, and a
+consensus decision. Content is random but deterministic in ``seed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+from prmloop.store.events import (
+    CostLedger,
+    Envelope,
+    LabelsAccepted,
+    MCEstimate,
+    ModelRef,
+    QuestionRegistered,
+    SamplingSpec,
+    SolutionSampled,
+    SolutionUncertainty,
+    StepsLabeled,
+    StepsScored,
+    deterministic_event_id,
+    make_event,
+)
+
+PRODUCER = "prmloop-synthetic/0.1.0"
+GENERATOR = ModelRef(backend="transformers", name="SmolLM2-135M-Instruct")
+
+
+def question_events(q: int, k: int, rng: random.Random, t0: datetime) -> Iterator[Envelope]:
+    qid = f"synthetic-{q:06d}"
+    gold = str(rng.randint(1, 500))
+    when = t0 + timedelta(seconds=q)
+    reg = QuestionRegistered(question_id=qid, dataset="synthetic", problem=f"What is {gold} + 0?", gold_answer=gold)
+    reg_event = make_event(
+        reg, producer=PRODUCER, occurred_at=when, event_id=deterministic_event_id("QuestionRegistered", qid)
+    )
+    yield reg_event
+    for j in range(k):
+        sid = f"{qid}-s{j}"
+        n_steps = rng.randint(4, 10)
+        steps = tuple(f"Step {i + 1}: compute {rng.randint(1, 99)} * {rng.randint(1, 9)}." for i in range(n_steps))
+        logprobs = tuple(round(-rng.expovariate(3.0), 4) for _ in range(40 * n_steps))
+        correct = rng.random() < 0.4
+        answer = gold if correct else str(int(gold) + rng.randint(1, 9))
+        step_u = tuple(round(rng.uniform(0.1, 3.0), 4) for _ in range(n_steps))
+        sol = SolutionSampled(
+            solution_id=sid,
+            question_id=qid,
+            generator=GENERATOR,
+            sampling=SamplingSpec(temperature=0.7, top_p=0.95, max_new_tokens=512, seed=j, n=k),
+            prompt_format="step_k",
+            text="\n".join(steps),
+            steps=steps,
+            step_token_offsets=tuple(40 * i for i in range(n_steps)),
+            token_logprobs=logprobs,
+            final_answer=answer,
+            correct=correct,
+            gold_answer=gold,
+            uncertainty=SolutionUncertainty(
+                entropy=sum(step_u),
+                mean_nll=-sum(logprobs) / len(logprobs),
+                perplexity=math.exp(-sum(logprobs) / len(logprobs)),
+                step_entropy=step_u,
+            ),
+            completion_tokens=len(logprobs),
+        )
+        sol_event = make_event(
+            sol,
+            producer=PRODUCER,
+            occurred_at=when + timedelta(milliseconds=10 + j),
+            causation_id=reg_event.event_id,
+            event_id=deterministic_event_id("SolutionSampled", qid, j),
+        )
+        yield sol_event
+        deltas = (step_u[0], *(b - a for a, b in itertools.pairwise(step_u)))
+        yield make_event(
+            StepsScored(
+                solution_id=sid,
+                question_id=qid,
+                scorer=GENERATOR,
+                step_uncertainty=step_u,
+                uncertainty_delta=tuple(round(d, 4) for d in deltas),
+                step_order=tuple(sorted(range(n_steps), key=lambda i: -deltas[i])),
+            ),
+            producer=PRODUCER,
+            occurred_at=when + timedelta(milliseconds=50 + j),
+            causation_id=sol_event.event_id,
+            event_id=deterministic_event_id("StepsScored", sid),
+        )
+        first_error = None if correct else rng.randrange(n_steps)
+        labels = tuple(first_error is None or i < first_error for i in range(n_steps))
+        estimates = tuple(
+            MCEstimate(
+                step_index=i,
+                value=round(rng.random(), 4),
+                rollouts=16,
+                correct_rollouts=rng.randint(0, 16),
+                weighted=True,
+            )
+            for i in range(-1, n_steps, 3)
+        )
+        labeled = make_event(
+            StepsLabeled(
+                solution_id=sid,
+                question_id=qid,
+                method="adaptive_binary",
+                parameters={"alpha": 0.5, "n0": 16, "n_min": 10, "n_max": 72},
+                labels=labels,
+                first_error_step=first_error,
+                mc_estimates=estimates,
+                completers=(GENERATOR,),
+                cost=CostLedger(
+                    verified_steps=len(estimates),
+                    rollouts=16 * len(estimates),
+                    generated_tokens=16 * len(estimates) * 120,
+                    wall_time_s=1.5,
+                ),
+            ),
+            producer=PRODUCER,
+            occurred_at=when + timedelta(milliseconds=100 + j),
+            causation_id=sol_event.event_id,
+            event_id=deterministic_event_id("StepsLabeled", sid, "adaptive_binary"),
+        )
+        yield labeled
+        if j % 2 == 0:
+            yield make_event(
+                LabelsAccepted(
+                    solution_id=sid,
+                    question_id=qid,
+                    labels=labels,
+                    first_error_step=first_error,
+                    source_event_ids=(labeled.event_id,),
+                    rule="single_source",
+                ),
+                producer=PRODUCER,
+                occurred_at=when + timedelta(milliseconds=150 + j),
+                causation_id=labeled.event_id,
+                event_id=deterministic_event_id("LabelsAccepted", sid),
+            )
+
+
+def synthetic_events(n: int, *, k: int = 8, seed: int = 0) -> list[Envelope]:
+    """At least ``n`` events (whole questions), deterministic in ``seed``; returns exactly ``n``."""
+    rng = random.Random(seed)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    out: list[Envelope] = []
+    q = 0
+    while len(out) < n:
+        out.extend(question_events(q, k, rng, t0))
+        q += 1
+    return out[:n]
