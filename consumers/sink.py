@@ -47,7 +47,7 @@ def events_to_arrow(batch: Sequence[ConsumedEvent]) -> pa.Table:
         cols["producer"].append(e.producer)
         cols["causation_id"].append(str(e.causation_id) if e.causation_id else None)
         cols["correlation_id"].append(e.correlation_id)
-        cols["body"].append(encode_event(e).decode())
+        cols["body"].append((c.body or encode_event(e)).decode())
         cols["topic"].append(c.topic)
         cols["kafka_partition"].append(c.partition)
         cols["kafka_offset"].append(c.offset)

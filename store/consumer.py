@@ -30,7 +30,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
-from prmloop.store.events import DecodeError, Envelope, decode_event
+from prmloop.store.events import DecodeError, Envelope, decode_stored_form
 from prmloop.store.kafka import EventProducer, consumer_config
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import DLQ_SUFFIX, dlq_topic
@@ -47,6 +47,8 @@ class ConsumedEvent:
     partition: int
     offset: int
     timestamp_ms: int
+    #: The event as current-version JSON (the record itself unless it was upcast).
+    body: bytes = b""
 
 
 @dataclass
@@ -119,6 +121,7 @@ class ConsumerRuntime:
         self._dlq = dlq_producer
         self._owns_dlq = dlq_producer is None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
+        self._prefetched: list[ConsumerRecord] = []
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -180,8 +183,8 @@ class ConsumerRuntime:
 
     def _collect(self) -> list[ConsumerRecord]:
         """Up to ``max_batch`` records, waiting at most ``max_wait_s`` after the first one arrives."""
-        records: list[ConsumerRecord] = []
-        deadline: float | None = None
+        records, self._prefetched = self._prefetched[: self.max_batch], self._prefetched[self.max_batch :]
+        deadline: float | None = time.monotonic() + self.max_wait_s if records else None
         while len(records) < self.max_batch and not self._stop.is_set():
             timeout = self.max_wait_s if deadline is None else max(0.0, deadline - time.monotonic())
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.max_batch - len(records))
@@ -202,11 +205,11 @@ class ConsumerRuntime:
             if rec.topic.endswith(DLQ_SUFFIX):
                 continue
             try:
-                event = decode_event(rec.value if rec.value is not None else b"")
+                event, body = decode_stored_form(rec.value if rec.value is not None else b"")
             except DecodeError as exc:
                 poison.append((rec, type(exc).__name__, str(exc)))
                 continue
-            good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp))
+            good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
         by_position = {(r.topic, r.partition, r.offset): r for r in records}
         rejected = self._run_handler(good)
         if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
@@ -237,23 +240,32 @@ class ConsumerRuntime:
                 delay = min(delay * 2, self.backoff_max_s)
 
     def _wait_polling(self, future: Future[Any]) -> None:
-        """Keep the group membership while the worker thread works: pause, poll, resume."""
-        if future.done():
-            return
-        paused = set(self._consumer.assignment())
-        self._consumer.pause(*paused)
+        """Keep the group membership while the worker thread works.
+
+        The main thread keeps polling: it prefetches up to one more batch (so fast handlers overlap
+        with fetching), then pauses every partition and polls only to stay in the group. Slow
+        handlers (MC rollouts) therefore hold at most one batch in memory, whatever the backlog.
+        """
+        paused: set[TopicPartition] = set()
         try:
             while not future.done():
-                polled = self._consumer.poll(timeout_ms=100)
-                # A rebalance may have handed us unpaused partitions: give back what they returned.
+                room = self.max_batch - len(self._prefetched)
+                if room > 0:
+                    polled = self._consumer.poll(timeout_ms=20, max_records=room)
+                    for recs in polled.values():
+                        self._prefetched.extend(recs)
+                    continue
+                polled = self._consumer.poll(timeout_ms=50)
+                # Partitions assigned by a rebalance are not paused yet: give back what they returned.
                 for tp, recs in polled.items():
                     self._consumer.seek(tp, recs[0].offset)
-                fresh = set(self._consumer.assignment()) - paused
-                if fresh:
-                    self._consumer.pause(*fresh)
-                    paused |= fresh
+                unpaused = set(self._consumer.assignment()) - paused
+                if unpaused:
+                    self._consumer.pause(*unpaused)
+                    paused |= unpaused
         finally:
-            self._consumer.resume(*(paused & set(self._consumer.assignment())))
+            if paused:
+                self._consumer.resume(*(paused & set(self._consumer.assignment())))
 
     def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> None:
         if self._dlq is None:

@@ -60,7 +60,9 @@ class ReadOnlyViolation(ValueError):
 
 def _is_lock_error(exc: BaseException) -> bool:
     text = str(exc).lower()
-    return "lock" in text or "conflicting" in text or "being used by another process" in text
+    # "different configuration": this process already holds the file open as the writer (DuckDB
+    # shares one instance per file and process), which is the same situation as another process's lock.
+    return any(m in text for m in ("lock", "conflicting", "another process", "different configuration"))
 
 
 def _connect_retrying(

@@ -1,0 +1,198 @@
+"""``prmloop bench sink``: raw kafka-python consume rate vs the sink's rate into DuckDB, and how long
+an event takes from ``publish()`` to being visible to a reader, all measured in one run."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+from prmloop.consumers.sink import Sink, run_sink
+from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.consumer import ConsumerRuntime
+from prmloop.store.duck import EventStore, StoreLocked, WriteResult, query
+from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.settings import KafkaSettings
+from prmloop.store.synthetic import synthetic_events
+from prmloop.store.topics import EVENT_TOPICS
+from rich.progress import Progress
+
+
+@contextmanager
+def _broker() -> Iterator[str]:
+    settings = KafkaSettings()
+    if settings.bootstrap_servers:
+        yield settings.bootstrap_servers
+        return
+    with EmbeddedBroker() as b:
+        yield b.bootstrap_servers
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _raw_consume(servers: str, n: int, group: str) -> float:
+    """Seconds for a bare kafka-python consumer (same settings as the runtime) to read ``n`` records,
+    set-up and close included, as they are in the sink's figure."""
+    t0 = time.perf_counter()
+    consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=group, max_poll_records=5000))
+    parts = [TopicPartition(t, p) for t in EVENT_TOPICS for p in sorted(consumer.partitions_for_topic(t) or [])]
+    consumer.assign(parts)
+    seen = 0
+    while seen < n:
+        for recs in consumer.poll(timeout_ms=200, max_records=5000).values():
+            seen += len(recs)
+        if time.perf_counter() - t0 > 600:
+            raise TimeoutError(f"raw consumer saw only {seen} of {n} records in 600 s")
+    elapsed = time.perf_counter() - t0
+    consumer.close(autocommit=False)
+    return elapsed
+
+
+def bench_sink(n: int = 100_000, rate: int = 1000, latency_seconds: float = 10.0) -> dict[str, Any]:
+    events = synthetic_events(n, seed=7)
+    with _broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-") as tmp:
+        ensure_topics(servers)
+        db = Path(tmp) / "bench.duckdb"
+        t0 = time.perf_counter()
+        with EventProducer(servers, linger_ms=20) as producer, Progress(transient=True) as bar:
+            task = bar.add_task("publishing", total=n)
+            for i in range(0, n, 5000):
+                producer.publish(events[i : i + 5000])
+                bar.advance(task, min(5000, n - i))
+        publish_s = time.perf_counter() - t0
+
+        raw_s = _raw_consume(servers, n, group=f"bench-raw-{time.time_ns()}")
+
+        inserted = 0
+
+        def count(result: WriteResult) -> None:
+            nonlocal inserted
+            inserted += result.inserted
+
+        group_id = f"bench-sink-{time.time_ns()}"
+        t0 = time.perf_counter()
+        _, sink_stats = run_sink(
+            bootstrap_servers=servers,
+            db_path=db,
+            group_id=group_id,
+            until=lambda: inserted >= n,
+            on_write=count,
+            install_signal_handlers=False,
+        )
+        sink_s = time.perf_counter() - t0
+
+        latency = _latency_phase(servers, db, group_id, rate, latency_seconds)
+        stored = query(db, "SELECT count(*), count(DISTINCT event_id) FROM events").rows[0]
+
+    raw_eps = n / raw_s
+    sink_eps = n / sink_s
+    return {
+        "bench": "sink",
+        "n": n,
+        "publish_eps": round(n / publish_s, 1),
+        "raw_consume_eps": round(raw_eps, 1),
+        "sink_eps": round(sink_eps, 1),
+        "sink_to_raw_ratio": round(sink_eps / raw_eps, 3),
+        "sink_batches": sink_stats.batches,
+        **latency,
+        "stored_events": int(stored[0]),
+        "stored_distinct": int(stored[1]),
+    }
+
+
+def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: float) -> dict[str, Any]:
+    """Publish at ``rate`` events/s while the sink runs and a reader polls; time publish -> visible."""
+    events = synthetic_events(int(rate * seconds) + 1, seed=11)
+    # Fresh ids so these are new rows, not ignored duplicates of the throughput phase.
+    events = [e.model_copy(update={"event_id": uuid.uuid4()}) for e in events]
+    sent_at: dict[str, float] = {}
+    seen_at: dict[str, float] = {}
+    reader_waits: list[float] = []
+    writer_waits: list[float] = []
+    stop = threading.Event()
+
+    store = EventStore(db)
+    sink = Sink(store, on_write=lambda r: writer_waits.append(r.open_wait_s))
+    runtime = ConsumerRuntime(
+        topics=EVENT_TOPICS,
+        group_id=group_id,  # the throughput phase's group: start where it stopped
+        bootstrap_servers=servers,
+        handler=sink,
+        assign_all=True,
+        max_batch=5000,
+        max_wait_s=0.05,
+        name="sink",
+    )
+    sink_thread = threading.Thread(target=runtime.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    sink_thread.start()
+
+    def reader() -> None:
+        watermark = time.time() - 5
+        while not stop.is_set() or len(seen_at) < len(sent_at):
+            try:
+                res = query(
+                    db,
+                    "SELECT CAST(event_id AS VARCHAR) FROM events WHERE ingested_at >= to_timestamp(?)",
+                    [watermark],
+                    timeout_s=10,
+                )
+            except StoreLocked:
+                continue
+            now = time.perf_counter()
+            reader_waits.append(res.waited_s)
+            for (eid,) in res.rows:
+                if eid in sent_at and eid not in seen_at:
+                    seen_at[eid] = now
+            if stop.is_set() and time.time() - stop_time[0] > 30:
+                break
+            time.sleep(0.02)
+
+    stop_time = [0.0]
+    reader_thread = threading.Thread(target=reader, daemon=True)
+    reader_thread.start()
+    with EventProducer(servers, linger_ms=0) as producer:
+        per_tick = max(1, rate // 100)
+        start = time.perf_counter()
+        for i in range(0, len(events), per_tick):
+            target = start + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            chunk = events[i : i + per_tick]
+            t = time.perf_counter()
+            for e in chunk:
+                sent_at[str(e.event_id)] = t
+            producer.publish(chunk)
+        achieved = len(events) / (time.perf_counter() - start)
+    stop_time[0] = time.time()
+    stop.set()
+    reader_thread.join(timeout=60)
+    runtime.stop()
+    sink_thread.join(timeout=60)
+    latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
+    return {
+        "latency_rate_eps": round(achieved, 1),
+        "p50_latency_ms": round(_pct(latencies, 0.5), 1),
+        "p95_latency_ms": round(_pct(latencies, 0.95), 1),
+        "latency_events_seen": len(latencies),
+        "latency_events_sent": len(sent_at),
+        "reader_wait_p50_ms": round(_pct(reader_waits, 0.5) * 1000, 2),
+        "reader_wait_p95_ms": round(_pct(reader_waits, 0.95) * 1000, 2),
+        "reader_wait_max_ms": round(max(reader_waits, default=0.0) * 1000, 2),
+        "sink_stall_p95_ms": round(_pct(writer_waits, 0.95) * 1000, 2),
+        "sink_stall_max_ms": round(max(writer_waits, default=0.0) * 1000, 2),
+        "reader_queries": len(reader_waits),
+        "sink_mean_stall_ms": round(statistics.fmean(writer_waits) * 1000, 2) if writer_waits else 0.0,
+    }
