@@ -169,9 +169,7 @@ def test_every_math500_gold_answer_is_equivalent_to_itself_through_math_verify(
     rows = math500_rows
     assert len(rows) == 500
     failures = [
-        row["answer"]
-        for row in rows
-        if not answers_equivalent(row["answer"], row["answer"], string_fast_path=False)
+        row["answer"] for row in rows if not answers_equivalent(row["answer"], row["answer"], string_fast_path=False)
     ]
     assert failures == []
 

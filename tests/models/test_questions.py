@@ -48,9 +48,7 @@ def test_gsm_plus_critical_thinking_items_have_no_gold_answer(shared_data_dir: P
 def test_gsm8k_reference_solutions_grade_correct(shared_data_dir: Path) -> None:
     for question in load_gsm8k(limit=50, root=shared_data_dir):
         assert question.gold_answer is not None
-        assert grade(
-            f"{question.metadata['solution']}\n#### {question.gold_answer}", question.gold_answer
-        ).is_correct
+        assert grade(f"{question.metadata['solution']}\n#### {question.gold_answer}", question.gold_answer).is_correct
 
 
 def test_questions_are_frozen(shared_data_dir: Path) -> None:

@@ -1,0 +1,95 @@
+"""Build a backend from configuration: a name -> factory table, not an if-chain (lm-eval's registry).
+
+Every factory returns an object that implements both :class:`~prmloop.models.backends.base.Generator`
+and :class:`~prmloop.models.backends.base.Scorer`. Heavy engines (torch, vLLM, httpx) are imported by
+the factory, never at import time of this module.
+
+Examples:
+    >>> config = BackendConfig(backend="transformers", model="smollm2", sampling={"temperature": 0.7})
+    >>> backend = build_backend(config)  # doctest: +SKIP
+    >>> completions = backend.rollouts("Step 1: ...", n=8)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from prmloop.models.backends.base import Generator, SamplingParams, Scorer
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["BACKENDS", "Backend", "BackendConfig", "build_backend", "register_backend"]
+
+
+class Backend(Generator, Scorer, Protocol):
+    """What :func:`build_backend` returns: a generator that can also score text."""
+
+
+class BackendConfig(BaseModel):
+    """Which engine, which model, default sampling, and engine options."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str = Field(default="transformers", description="engine name; one of the keys of BACKENDS")
+    model: str = Field(
+        default="smollm2",
+        description="'smollm2' (the embedded GGUF), a local folder / hub id, or the served model's name",
+    )
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="default sampling parameters")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "engine options: transformers {device, dtype, gguf_file, max_batch_size}; "
+            "vllm {enable_prefix_caching, gpu_memory_utilization, dtype, max_model_len, ...}; "
+            "openai {base_url, api_key, timeout_s, tokenizer}"
+        ),
+    )
+
+
+BackendFactory = Callable[[BackendConfig], Backend]
+
+BACKENDS: dict[str, BackendFactory] = {}
+"""Registered engines by name; add one with :func:`register_backend`."""
+
+
+def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
+    """Decorator that registers ``factory`` under ``name`` (a name can be registered once)."""
+
+    def decorator(factory: BackendFactory) -> BackendFactory:
+        if name in BACKENDS:
+            raise ValueError(f"backend {name!r} is already registered by {BACKENDS[name].__module__}")
+        BACKENDS[name] = factory
+        return factory
+
+    return decorator
+
+
+def build_backend(config: BackendConfig | dict[str, Any]) -> Backend:
+    """Construct the backend ``config`` names (a dict is validated as :class:`BackendConfig`)."""
+    config = BackendConfig.model_validate(config)
+    try:
+        factory = BACKENDS[config.backend]
+    except KeyError:
+        raise ValueError(f"unknown backend {config.backend!r}; choose one of {sorted(BACKENDS)}") from None
+    return factory(config)
+
+
+@register_backend("transformers")
+def _transformers(config: BackendConfig) -> Backend:
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+    return TransformersBackend.from_pretrained(config.model, default_params=config.sampling, **config.options)
+
+
+@register_backend("vllm")
+def _vllm(config: BackendConfig) -> Backend:
+    from prmloop.models.backends.vllm_backend import VLLMBackend
+
+    return VLLMBackend.from_model(config.model, default_params=config.sampling, **config.options)
+
+
+@register_backend("openai")
+def _openai(config: BackendConfig) -> Backend:
+    from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
+
+    return OpenAICompatibleBackend(model_name=config.model, default_params=config.sampling, **config.options)

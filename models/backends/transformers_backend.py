@@ -1,0 +1,388 @@
+"""In-process ``transformers`` backend (CPU or GPU): batched sampling with per-token log-probabilities.
+
+One ``model.generate`` call serves a whole batch: ``k`` samples of each of several prompts, or ``n``
+rollouts of one prefix (``num_return_sequences``; Math-Shepherd / EpicPRM completers, Sec. 3.1). The
+log-probability of each sampled token is recorded *inside* that call by a logits processor placed
+before temperature and top-p, from the raw logits of the step (``log_softmax``), so it is the model's
+``log p(token | context)`` and agrees with a teacher-forced forward pass (:meth:`score`). Only one
+``[batch, vocab]`` tensor is kept at a time, unlike ``output_logits=True`` which keeps every step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["TransformersBackend"]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class _SampledTokenLogprobs:
+    """Logits processor that records ``log_softmax(raw logits)[sampled token]`` for every step.
+
+    At step ``t`` it sees the token chosen at step ``t - 1`` as the last column of ``input_ids`` and
+    reads its log-probability from the distribution it kept from step ``t - 1``; :meth:`finish`
+    reads the last one after ``generate`` returns. It must run first, before any warper.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []
+        self._previous: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        torch = _torch()
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """``[rows, generated tokens]`` log-probabilities once ``generate`` has returned ``sequences``."""
+        torch = _torch()
+        if self._previous is not None:
+            self.steps.append(self._previous.gather(1, sequences[:, -1:]).squeeze(1))
+            self._previous = None
+        if not self.steps:
+            return torch.zeros((sequences.shape[0], 0))
+        return torch.stack(self.steps, dim=1)
+
+
+class _StopInCompletion:
+    """Stopping criterion: a row is done when its *generated* text contains a stop string.
+
+    transformers' own ``stop_strings`` also match a stop string that straddles the end of the prompt,
+    which vLLM and OpenAI-compatible servers do not; this one looks only after ``prompt_width``.
+    Only a window of recent tokens is decoded per step (enough for the longest stop string).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.prompt_width = prompt_width
+        self.window = max(len(stop) for stop in stops) + 8
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        torch = _torch()
+        start = max(self.prompt_width, input_ids.shape[1] - self.window)
+        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+        done = [any(stop in tail for stop in self.stops) for tail in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class TransformersBackend:
+    """A causal LM and its tokenizer in this process; implements ``Generator`` and ``Scorer``.
+
+    Attributes:
+        model_name: name recorded in events' provenance.
+        max_batch_size: most sequences (prompts x completions) in one ``generate`` call.
+        add_special_tokens: whether tokenising a prompt adds BOS etc.; off by default because chat
+            templates already write them (and OpenAI-compatible servers get the same raw text).
+
+    Examples:
+        >>> backend = TransformersBackend.from_pretrained("smollm2")  # doctest: +SKIP
+        >>> [completions] = backend.generate(["2+2="], SamplingParams(n=4, max_new_tokens=8))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        model_name: str,
+        default_params: SamplingParams | None = None,
+        max_batch_size: int = 64,
+        add_special_tokens: bool = False,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.default_params = default_params or SamplingParams()
+        self.max_batch_size = max_batch_size
+        self.add_special_tokens = add_special_tokens
+        if tokenizer.pad_token_id is None:
+            # Padding positions are masked out; any id works, the end-of-sequence one is conventional.
+            tokenizer.pad_token = tokenizer.eos_token
+        self._eos_ids = self._end_of_sequence_ids()
+        # The checkpoint's sampling defaults (repetition penalty, top-k, ...) are kept for reference
+        # only: generate() would apply them before the log-probability recorder. SamplingParams rule.
+        self.checkpoint_generation_config = model.generation_config
+        self.model.generation_config = _neutral_generation_config(model.generation_config)
+        # generate() is neither thread-safe nor reentrant on one model, and seeding touches global RNG.
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------------------------------------
+    # construction
+    # ---------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        gguf_file: str | None = None,
+        default_params: SamplingParams | None = None,
+        max_batch_size: int = 64,
+        add_special_tokens: bool = False,
+    ) -> TransformersBackend:
+        """Load ``model`` (a local folder or hub id, or ``"smollm2"`` for the embedded GGUF).
+
+        GGUF weights are de-quantised to ``dtype`` by transformers (SmolLM2 Q4_1: about 10 s on two
+        CPU cores). Nothing is downloaded when ``model`` is a local folder.
+        """
+        from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch = _torch()
+        if model == EMBEDDED_MODEL_NAME:
+            path = smollm2_gguf_path()
+            model, gguf_file = str(path.parent), path.name
+            name = f"{EMBEDDED_MODEL_NAME}:{path.stem}"
+        elif gguf_file is not None:
+            name = f"{model}/{gguf_file}"
+        else:
+            name = model
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+        tokenizer = AutoTokenizer.from_pretrained(model, gguf_file=gguf_file)
+        # Left padding: a batch of prompts ends at the same column, where generation starts.
+        tokenizer.padding_side = "left"
+        lm = AutoModelForCausalLM.from_pretrained(model, gguf_file=gguf_file, dtype=torch_dtype)
+        cast(Any, lm).to(device)  # nn.Module.to moves in place; transformers' stub mistypes it
+        return cls(
+            lm,
+            tokenizer,
+            model_name=name,
+            default_params=default_params,
+            max_batch_size=max_batch_size,
+            add_special_tokens=add_special_tokens,
+        )
+
+    def _end_of_sequence_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(source)
+        if not ids:
+            raise ValueError(f"{self.model_name}: neither the model nor the tokenizer defines an end-of-sequence token")
+        return frozenset(ids)
+
+    @property
+    def device(self) -> torch.device:
+        device: torch.device = self.model.device
+        return device
+
+    # ---------------------------------------------------------------------------------------------
+    # Generator
+    # ---------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
+        params = params or self.default_params
+        if isinstance(prompts, str):
+            raise TypeError("generate() takes a sequence of prompts; wrap a single prompt in a list")
+        results: list[list[Completion]] = [[] for _ in prompts]
+        # Greedy copies are identical: decode each prompt once and repeat the (immutable) result.
+        n_engine = 1 if params.greedy else params.n
+        with self._lock:
+            if params.seed is not None:
+                _torch().manual_seed(params.seed)
+            for indices, copies in self._batches(len(prompts), n_engine):
+                batch = self._generate_batch([prompts[i] for i in indices], copies, params)
+                for i, completions in zip(indices, batch, strict=True):
+                    results[i].extend(completions)
+        if n_engine != params.n:
+            results = [completions * params.n for completions in results]
+        return results
+
+    def rollouts(self, prefix: str, n: int, params: SamplingParams | None = None) -> list[Completion]:
+        params = (params or self.default_params).model_copy(update={"n": n})
+        return self.generate([prefix], params)[0]
+
+    def _batches(self, n_prompts: int, n: int) -> Iterator[tuple[list[int], int]]:
+        """``(prompt indices, copies)`` chunks with ``len(indices) * copies <= max_batch_size``."""
+        if n >= self.max_batch_size:
+            for index in range(n_prompts):
+                remaining = n
+                while remaining:
+                    copies = min(remaining, self.max_batch_size)
+                    yield [index], copies
+                    remaining -= copies
+            return
+        per_batch = self.max_batch_size // n
+        for start in range(0, n_prompts, per_batch):
+            yield list(range(start, min(start + per_batch, n_prompts))), n
+
+    def generation_inputs(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tokenised, left-padded prompts on the model's device (the exact input ``generate`` sees)."""
+        encoded = self.tokenizer(
+            list(prompts), return_tensors="pt", padding=True, add_special_tokens=self.add_special_tokens
+        )
+        return {key: value.to(self.device) for key, value in encoded.items()}
+
+    def generation_kwargs(self, params: SamplingParams, copies: int, prompt_width: int) -> dict[str, Any]:
+        """``model.generate`` keyword arguments for ``params`` (also used by the raw-engine benchmark).
+
+        The model's own generation config is copied with every sampling warper switched off; the
+        warpers for ``params`` are passed as ``logits_processor`` so that they run *after* the
+        log-probability recorder (custom processors are appended after the built-in ones).
+        """
+        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
+        # Neutral values, set explicitly: generate() fills unset (None) fields from the model's config
+        # and then from global defaults (top_k=50), and built-in processors run *before* the recorder.
+        config = GenerationConfig(
+            do_sample=not params.greedy,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=None if params.greedy else 0,
+            num_return_sequences=copies,
+            max_new_tokens=params.max_new_tokens,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=sorted(self._eos_ids),
+        )
+        warpers = LogitsProcessorList()
+        if not params.greedy and params.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(params.temperature))
+        if not params.greedy and params.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(params.top_p))
+        kwargs: dict[str, Any] = {"generation_config": config, "logits_processor": warpers}
+        if params.stop:
+            from transformers import StoppingCriteriaList
+
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [_StopInCompletion(self.tokenizer, params.stop, prompt_width)]
+            )
+        return kwargs
+
+    def _generate_batch(self, prompts: list[str], copies: int, params: SamplingParams) -> list[list[Completion]]:
+        torch = _torch()
+        inputs = self.generation_inputs(prompts)
+        prompt_width = inputs["input_ids"].shape[1]
+        kwargs = self.generation_kwargs(params, copies, prompt_width)
+        recorder = _SampledTokenLogprobs()
+        kwargs["logits_processor"].insert(0, recorder)
+        with torch.inference_mode():
+            sequences = self.model.generate(**inputs, **kwargs)
+        generated = sequences[:, prompt_width:].tolist()
+        logprobs = recorder.finish(sequences).tolist()
+        prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        out: list[list[Completion]] = []
+        for p in range(len(prompts)):
+            row_completions = []
+            for c in range(copies):
+                row = p * copies + c
+                row_completions.append(self._completion(generated[row], logprobs[row], int(prompt_lengths[p]), params))
+            out.append(row_completions)
+        return out
+
+    def _completion(
+        self, tokens: list[int], logprobs: list[float], prompt_tokens: int, params: SamplingParams
+    ) -> Completion:
+        end = len(tokens)
+        finish: FinishReason = "length"
+        stop_reason: str | None = None
+        for i, token in enumerate(tokens):
+            if token in self._eos_ids:
+                end, finish = i + 1, "stop"
+                break
+        if params.stop:
+            # The first token whose decoded prefix contains a stop string ends the completion
+            # (generation pads finished rows, so later tokens are not samples).
+            for k in range(1, end + 1):
+                text = str(self.tokenizer.decode(tokens[:k], skip_special_tokens=True))
+                hit = _first_stop(text, params.stop)
+                if hit is not None:
+                    end, finish, stop_reason = k, "stop", hit
+                    break
+        text = str(self.tokenizer.decode(tokens[:end], skip_special_tokens=True))
+        if stop_reason is not None:
+            text = text[: text.index(stop_reason)]
+        return Completion(
+            text=text,
+            token_ids=tuple(tokens[:end]),
+            logprobs=tuple(logprobs[:end]),
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            stop_reason=stop_reason,
+        )
+
+    # ---------------------------------------------------------------------------------------------
+    # Scorer
+    # ---------------------------------------------------------------------------------------------
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
+        encoded = [
+            (
+                self.tokenizer.encode(prompt, add_special_tokens=self.add_special_tokens),
+                self.tokenizer.encode(continuation, add_special_tokens=False),
+            )
+            for prompt, continuation in pairs
+        ]
+        return self.score_ids(encoded)
+
+    def score_ids(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ScoredText]:
+        """Teacher-forced log-probabilities of token ids (for exact comparison with sampled tokens)."""
+        torch = _torch()
+        results: list[ScoredText] = []
+        with self._lock:
+            for start in range(0, len(pairs), self.max_batch_size):
+                chunk = pairs[start : start + self.max_batch_size]
+                rows = [list(prompt) + list(cont) for prompt, cont in chunk]
+                if any(not prompt for prompt, _ in chunk):
+                    raise ValueError("score() needs a non-empty prompt: the first token has no context to be scored in")
+                width = max(len(row) for row in rows)
+                # Right padding: positions start at 0 for every row, as in an unpadded forward pass.
+                ids = torch.full((len(rows), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+                mask = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, row in enumerate(rows):
+                    ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+                    mask[r, : len(row)] = 1
+                with torch.inference_mode():
+                    logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                    logprobs = torch.log_softmax(logits.float(), dim=-1)
+                for r, (prompt, cont) in enumerate(chunk):
+                    positions = torch.arange(len(prompt) - 1, len(prompt) + len(cont) - 1)
+                    targets = torch.tensor(list(cont), dtype=torch.long)
+                    values = logprobs[r, positions.to(self.device), targets.to(self.device)].tolist()
+                    results.append(ScoredText(token_ids=tuple(cont), logprobs=tuple(values), prompt_tokens=len(prompt)))
+        return results
+
+
+def _neutral_generation_config(config: Any) -> Any:
+    """A generation config with only the special-token ids of ``config`` (no sampling defaults)."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> str | None:
+    """The stop string that occurs earliest in ``text`` (``None`` if none does)."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        index = text.find(stop)
+        if index >= 0 and (best is None or index < best[0]):
+            best = (index, stop)
+    return None if best is None else best[1]

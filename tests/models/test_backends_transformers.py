@@ -1,0 +1,168 @@
+"""Specification of the in-process transformers backend, on a tiny random Llama with SmolLM2's tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prmloop.models.backends.base import Completion, Generator, SamplingParams, Scorer
+from prmloop.models.backends.transformers_backend import TransformersBackend
+
+PROMPTS = ["Question: what is 2 + 2?\nAnswer:", "Step 1: Let x be the number of apples. Step 2:"]
+
+
+def _max_abs_diff(a: tuple[float, ...], b: tuple[float, ...]) -> float:
+    assert len(a) == len(b)
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def _forward_logprobs(backend: TransformersBackend, prompt: str, completion: Completion) -> tuple[float, ...]:
+    prompt_ids = backend.tokenizer.encode(prompt, add_special_tokens=False)
+    [scored] = backend.score_ids([(prompt_ids, completion.token_ids)])
+    return scored.logprobs
+
+
+def test_backend_implements_the_generator_and_scorer_protocols(tiny_backend: TransformersBackend) -> None:
+    assert isinstance(tiny_backend, Generator)
+    assert isinstance(tiny_backend, Scorer)
+
+
+def test_generate_returns_n_completions_per_prompt_with_one_logprob_per_token(
+    tiny_backend: TransformersBackend,
+) -> None:
+    results = tiny_backend.generate(PROMPTS, SamplingParams(n=3, max_new_tokens=12, seed=0))
+    assert [len(completions) for completions in results] == [3, 3]
+    for prompt, completions in zip(PROMPTS, results, strict=True):
+        prompt_tokens = len(tiny_backend.tokenizer.encode(prompt, add_special_tokens=False))
+        for completion in completions:
+            assert completion.prompt_tokens == prompt_tokens
+            assert 1 <= completion.completion_tokens <= 12
+            assert len(completion.logprobs) == completion.completion_tokens
+            assert all(lp <= 0.0 for lp in completion.logprobs)
+            expected = "length" if completion.completion_tokens == 12 else "stop"
+            assert completion.finish_reason == expected
+
+
+def test_sampled_token_logprobs_equal_a_forward_pass_despite_padding_temperature_and_top_p(
+    tiny_backend: TransformersBackend,
+) -> None:
+    params = SamplingParams(n=2, max_new_tokens=10, temperature=0.7, top_p=0.9, seed=3)
+    results = tiny_backend.generate(PROMPTS, params)
+    for prompt, completions in zip(PROMPTS, results, strict=True):
+        for completion in completions:
+            assert _max_abs_diff(completion.logprobs, _forward_logprobs(tiny_backend, prompt, completion)) < 1e-4
+
+
+def test_the_same_seed_reproduces_the_same_samples(tiny_backend: TransformersBackend) -> None:
+    params = SamplingParams(n=2, max_new_tokens=8, seed=11)
+    first = tiny_backend.generate(PROMPTS, params)
+    again = tiny_backend.generate(PROMPTS, params)
+    other = tiny_backend.generate(PROMPTS, params.model_copy(update={"seed": 12}))
+    assert first == again
+    assert [[c.token_ids for c in cs] for cs in first] != [[c.token_ids for c in cs] for cs in other]
+
+
+def test_greedy_decoding_is_deterministic_without_a_seed(tiny_backend: TransformersBackend) -> None:
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=0.0)
+    [completions] = tiny_backend.generate(PROMPTS[:1], params)
+    assert len({c.token_ids for c in completions}) == 1
+    assert tiny_backend.generate(PROMPTS[:1], params) == [completions]
+
+
+@pytest.mark.parametrize("params", [SamplingParams(top_p=1e-6), SamplingParams(temperature=1e-4)])
+def test_top_p_and_temperature_shape_sampling(tiny_backend: TransformersBackend, params: SamplingParams) -> None:
+    greedy = tiny_backend.rollouts(PROMPTS[0], 1, SamplingParams(temperature=0.0, max_new_tokens=8))
+    sampled = tiny_backend.rollouts(PROMPTS[0], 4, params.model_copy(update={"max_new_tokens": 8, "seed": 5}))
+    assert {c.token_ids for c in sampled} == {greedy[0].token_ids}
+
+
+def _count_generate_calls(backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Spy on the real ``model.generate`` and record the batch size of each call."""
+    calls: list[int] = []
+    real_generate: Callable[..., Any] = backend.model.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(int(kwargs["input_ids"].shape[0]) * kwargs["generation_config"].num_return_sequences)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(backend.model, "generate", spy)
+    return calls
+
+
+def test_n_rollouts_of_one_prefix_share_one_batched_call(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _count_generate_calls(tiny_backend, monkeypatch)
+    rollouts = tiny_backend.rollouts(PROMPTS[1], 8, SamplingParams(max_new_tokens=6, seed=0))
+    assert calls == [8]
+    assert len(rollouts) == 8
+    assert len({c.token_ids for c in rollouts}) > 1
+
+
+def test_batched_rollouts_match_one_at_a_time(tiny_backend: TransformersBackend) -> None:
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    batched = tiny_backend.rollouts(PROMPTS[1], 4, greedy)
+    single = [tiny_backend.rollouts(PROMPTS[1], 1, greedy)[0] for _ in range(4)]
+    assert [c.token_ids for c in batched] == [c.token_ids for c in single]
+    for b, s in zip(batched, single, strict=True):
+        assert _max_abs_diff(b.logprobs, s.logprobs) < 1e-4
+    # Sampled rollouts, batched or not, are draws from the same model distribution.
+    sampling = SamplingParams(max_new_tokens=6, seed=2)
+    batched = tiny_backend.rollouts(PROMPTS[1], 4, sampling)
+    single = [tiny_backend.rollouts(PROMPTS[1], 1, sampling.model_copy(update={"seed": i}))[0] for i in range(4)]
+    for completion in [*batched, *single]:
+        assert completion.completion_tokens == 6
+        assert _max_abs_diff(completion.logprobs, _forward_logprobs(tiny_backend, PROMPTS[1], completion)) < 1e-4
+
+
+def test_batches_are_split_at_max_batch_size(
+    tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _count_generate_calls(tiny_backend, monkeypatch)
+    results = tiny_backend.generate(PROMPTS * 3, SamplingParams(n=6, max_new_tokens=2, seed=0))
+    assert [len(c) for c in results] == [6] * 6
+    assert calls == [12, 12, 12]
+    calls.clear()
+    assert len(tiny_backend.rollouts(PROMPTS[0], 20, SamplingParams(max_new_tokens=2, seed=0))) == 20
+    assert calls == [16, 4]
+
+
+def test_a_stop_string_ends_the_completion_before_it(tiny_backend: TransformersBackend) -> None:
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    [full] = tiny_backend.rollouts(PROMPTS[0], 1, greedy)
+    stop = tiny_backend.tokenizer.decode(full.token_ids[4:6])
+    assert stop.strip(), "the greedy continuation should contain printable text"
+    [stopped] = tiny_backend.rollouts(PROMPTS[0], 1, greedy.model_copy(update={"stop": (stop,)}))
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", stop)
+    assert stopped.text == full.text[: full.text.index(stop)]
+    assert stopped.token_ids == full.token_ids[: stopped.completion_tokens]
+    assert stopped.completion_tokens <= 6
+
+
+def test_score_tokenizes_prompt_and_continuation_separately(tiny_backend: TransformersBackend) -> None:
+    prompt, continuation = PROMPTS[0], " 4. The answer is 4."
+    [scored] = tiny_backend.score([(prompt, continuation)])
+    tokenizer = tiny_backend.tokenizer
+    assert scored.token_ids == tuple(tokenizer.encode(continuation, add_special_tokens=False))
+    assert scored.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    [again] = tiny_backend.score_ids([(tokenizer.encode(prompt, add_special_tokens=False), scored.token_ids)])
+    assert _max_abs_diff(scored.logprobs, again.logprobs) < 1e-5
+    assert scored.perplexity > 1.0
+
+
+def test_scoring_a_batch_equals_scoring_one_at_a_time(tiny_backend: TransformersBackend) -> None:
+    pairs = [(PROMPTS[0], " 4"), (PROMPTS[1], " Each apple costs 3 dollars, so 5 apples cost 15."), ("x", "y")]
+    batched = tiny_backend.score(pairs)
+    for pair, scored in zip(pairs, batched, strict=True):
+        assert _max_abs_diff(scored.logprobs, tiny_backend.score([pair])[0].logprobs) < 1e-4
+
+
+def test_scoring_without_a_prompt_is_refused(tiny_backend: TransformersBackend) -> None:
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        tiny_backend.score([("", "text")])
+
+
+def test_generate_refuses_a_bare_string(tiny_backend: TransformersBackend) -> None:
+    with pytest.raises(TypeError, match="sequence of prompts"):
+        tiny_backend.generate("a prompt")
