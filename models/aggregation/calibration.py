@@ -91,9 +91,10 @@ class KdeWeighting(BaseModel):
     """KDE weighting ``w_KDE(p) = log f1(p) - log f0(p) + log(q_M) + log(m - 1) - log(1 - q_M)``
     (Kuang et al. section 4.1).
 
-    ``log_density_ratio`` is ``log f1 - log f0`` tabulated at ``logit_grid``, where ``f_c`` is the
-    Gaussian KDE of calibration scores of class ``c`` in logit space (eq. 2); between grid points it
-    is interpolated linearly and beyond the grid held constant. ``q_M`` is estimated per question as
+    ``log_density_ratio`` is ``log f1 - log f0`` tabulated at ``logit_grid`` (spanning the
+    calibration scores), where ``f_c`` is the Gaussian KDE of calibration scores of class ``c`` in
+    logit space (eq. 2, bandwidth by Silverman's rule per class); between grid points it is
+    interpolated linearly and beyond the grid held constant. ``q_M`` is estimated per question as
     the mean of the binned calibrator ``g`` over its candidates: ``g(p) = calibrator_probs[j]`` for
     ``p`` in bin ``j`` of ``calibrator_edges`` (interior edges).
     """
@@ -146,9 +147,9 @@ class KdeWeighting(BaseModel):
                 "candidates; the KDE needs at least 2 of each: use more calibration questions"
             )
         hs = [float(m.silverman_bandwidth(v.std(ddof=1), v.size)) for v in cls_x]
-        lo = float(x.min()) - 3.0 * max(hs)
-        hi = float(x.max()) + 3.0 * max(hs)
-        grid = np.linspace(lo, hi, grid_size)
+        # Tabulated over the calibration data only: beyond it the ratio of two Gaussian tails with
+        # different bandwidths diverges quadratically, which is extrapolation, not evidence.
+        grid = np.linspace(float(x.min()), float(x.max()), grid_size)
         log_f = [_log_kde(grid, v, h) for v, h in zip(cls_x, hs, strict=True)]
         edges = np.unique(np.quantile(p, np.linspace(0.0, 1.0, bins + 1)[1:-1]))
         idx = np.searchsorted(edges, p, "right")

@@ -352,31 +352,33 @@ def optimal_weights(answers: npt.ArrayLike, scores: npt.ArrayLike, correct: npt.
     p = as_values(ans, scores, "scores")
     check_probabilities(ans, p)
     c = np.asarray(correct, dtype=bool)
+    if c.shape != ans.shape:
+        raise ValueError(f"correct has shape {c.shape} but answers has shape {ans.shape}")
     valid = ans != NO_ANSWER
-    x = np.where(valid, logit(p), 0.0)
-    classes = (valid & c, valid & ~c)
+    n1_all = (valid & c).sum(axis=1)
+    mixed = (n1_all > 0) & (n1_all < valid.sum(axis=1))
+    w = np.ones(ans.shape)
+    if not mixed.any():
+        return w
+    # Only questions with both right and wrong candidates need the O(N^2) kernel sums.
+    rows = np.flatnonzero(mixed)
+    a_m, valid_m, c_m = ans[rows], valid[rows], c[rows]
+    x = np.where(valid_m, logit(p[rows]), 0.0)
     log_f = []
-    for cls in classes:
+    for cls in (valid_m & c_m, valid_m & ~c_m):
         n_c = cls.sum(axis=1)
-        safe_n = np.maximum(n_c, 1)
-        mean = np.where(cls, x, 0.0).sum(axis=1) / safe_n
+        mean = np.where(cls, x, 0.0).sum(axis=1) / n_c
         var = np.where(cls, (x - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(n_c - 1, 1)
         h = silverman_bandwidth(np.sqrt(var), n_c)[:, None, None]
         z = (x[:, :, None] - x[:, None, :]) / h
-        log_k = np.where(cls[:, None, :], -0.5 * z * z - np.log(h), -np.inf)
+        log_k = np.where(cls[:, None, :], -0.5 * z * z, -np.inf)
         top = log_k.max(axis=2, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)
-        with np.errstate(divide="ignore"):
-            lse = np.log(np.exp(log_k - top).sum(axis=2)) + top[:, :, 0]
-        log_f.append(lse - np.log(safe_n)[:, None])
-    n1 = classes[0].sum(axis=1)
-    n_valid = valid.sum(axis=1)
-    mixed = (n1 > 0) & (n1 < n_valid)
-    q_m = np.where(mixed, n1 / np.maximum(n_valid, 1), 0.5)
-    llm = llm_signal_term(q_m, distinct_answers(ans))
-    with np.errstate(invalid="ignore"):
-        w = log_f[0] - log_f[1] + llm[:, None]
-    return np.where(mixed[:, None] & valid, w, 1.0)
+        lse = np.log(np.exp(log_k - top).sum(axis=2)) + top[:, :, 0]
+        log_f.append(lse - np.log(h[:, :, 0]) - np.log(n_c)[:, None])
+    q_m = (valid_m & c_m).sum(axis=1) / valid_m.sum(axis=1)
+    llm = llm_signal_term(q_m, distinct_answers(a_m))
+    w[rows] = np.where(valid_m, log_f[0] - log_f[1] + llm[:, None], 1.0)
+    return w
 
 
 def optimal_weighted_vote(answers: npt.ArrayLike, scores: npt.ArrayLike, correct: npt.ArrayLike) -> IntArray:

@@ -1,12 +1,15 @@
 """Reference implementations: the aggregation methods as a plain per-question Python loop.
 
-They follow the papers' pseudo-code line by line (dicts of answer -> votes, UnPRM Algorithms 2-3) and
-exist to check the vectorized methods (tests) and to measure them (``bench_aggregate``). Per-candidate
-weight functions (logit, KDE interpolation) are evaluated with the same numpy functions on the
-question's own row, so both implementations see bit-identical weights and must select identically.
+They follow the papers' pseudo-code line by line (dicts of answer -> votes, UnPRM Algorithms 2-3;
+per-candidate weights with ``math``, one question and one candidate at a time) and exist to check
+the vectorized methods (tests) and to measure them (``bench_aggregate``). The same tie rule applies:
+the lowest answer id among equal totals, the earliest candidate among equal Best-of-N scores.
 """
 
 from __future__ import annotations
+
+import bisect
+import math
 
 import numpy as np
 from prmloop.models.aggregation import methods as m
@@ -88,10 +91,73 @@ def select_naive(
     return out
 
 
-def _probs_row(c: ScoredCandidates, q: int, cal: AggregationCalibration | None, rule: ScoreRule) -> np.ndarray:
-    raw = c.rule_scores(rule)[q]
-    p = cal.score_transform(raw) if cal is not None else raw
-    return np.where(c.answers[q] != NO_ANSWER, p, 0.0)
+def _probs_row(c: ScoredCandidates, q: int, cal: AggregationCalibration | None, rule: ScoreRule) -> list[float]:
+    raw = c.rule_scores(rule)[q].tolist()
+    if cal is None or cal.score_transform.kind == "identity":
+        return [float(v) for v in raw]
+    knots, levels = cal.score_transform.knots, cal.score_transform.levels
+    return [_interp(v, knots, levels) for v in raw]
+
+
+def _interp(x: float, xp: list[float], fp: list[float]) -> float:
+    """Piecewise-linear interpolation, constant beyond the ends."""
+    if x <= xp[0]:
+        return fp[0]
+    if x >= xp[-1]:
+        return fp[-1]
+    j = bisect.bisect_right(xp, x) - 1
+    t = (x - xp[j]) / (xp[j + 1] - xp[j])
+    return fp[j] + t * (fp[j + 1] - fp[j])
+
+
+def logit_py(p: float) -> float:
+    q = min(max(p, m.LOGIT_EPS), 1.0 - m.LOGIT_EPS)
+    return math.log(q) - math.log1p(-q)
+
+
+def llm_signal_term_py(q_m: float, n_distinct: int) -> float:
+    if n_distinct <= 1:
+        return 0.0
+    q = min(max(q_m, m.LOGIT_EPS), 1.0 - m.LOGIT_EPS)
+    return math.log(q) + math.log(n_distinct - 1.0) - math.log1p(-q)
+
+
+def kde_weights_row(cal: AggregationCalibration, answers: list[int], p: list[float]) -> list[float]:
+    """``w_KDE(p_i) = log f1(p_i) - log f0(p_i) + log(q_hat (m - 1) / (1 - q_hat))`` for one question."""
+    kde = cal.kde
+    used = [pi for a, pi in zip(answers, p, strict=True) if a != NO_ANSWER]
+    g = [kde.calibrator_probs[bisect.bisect_right(kde.calibrator_edges, pi)] for pi in used]
+    q_hat = sum(g) / max(len(used), 1)
+    llm = llm_signal_term_py(q_hat, len({a for a in answers if a != NO_ANSWER}))
+    return [_interp(logit_py(pi), kde.logit_grid, kde.log_density_ratio) + llm for pi in p]
+
+
+def _log_kde_at(x: float, data: list[float], h: float) -> float:
+    terms = [-0.5 * ((x - d) / h) ** 2 for d in data]
+    top = max(terms)
+    return top + math.log(sum(math.exp(t - top) for t in terms)) - math.log(h) - math.log(len(data))
+
+
+def optimal_weights_row(answers: list[int], p: list[float], correct: list[bool]) -> list[float]:
+    """Theorem 3.2 weights with a per-question KDE on the question's own labels (one question)."""
+    x = [logit_py(pi) for pi in p]
+    classes: list[list[float]] = [[], []]
+    for a, xi, ok in zip(answers, x, correct, strict=True):
+        if a != NO_ANSWER:
+            classes[0 if ok else 1].append(xi)
+    if not classes[0] or not classes[1]:
+        return [1.0] * len(answers)
+    hs = []
+    for data in classes:
+        mean = sum(data) / len(data)
+        var = sum((d - mean) ** 2 for d in data) / max(len(data) - 1, 1)
+        hs.append(max(1.06 * math.sqrt(var) * len(data) ** -0.2, m.KDE_MIN_BANDWIDTH))
+    q_m = len(classes[0]) / (len(classes[0]) + len(classes[1]))
+    llm = llm_signal_term_py(q_m, len({a for a in answers if a != NO_ANSWER}))
+    return [
+        _log_kde_at(xi, classes[0], hs[0]) - _log_kde_at(xi, classes[1], hs[1]) + llm if a != NO_ANSWER else 1.0
+        for a, xi in zip(answers, x, strict=True)
+    ]
 
 
 _BON_RULES: dict[str, ScoreRule] = {"bon_min": "min", "bon_product": "product", "bon_last": "last"}
@@ -108,9 +174,8 @@ def _select_row(
 ) -> int:
     if method == "majority":
         return weighted_vote_row(answers, [1.0] * len(answers))
-    if method.startswith("bon_"):
-        bon_rule: ScoreRule = _BON_RULES[method]
-        return best_of_n_row(answers, c.rule_scores(bon_rule)[q].tolist())
+    if method in _BON_RULES:
+        return best_of_n_row(answers, c.rule_scores(_BON_RULES[method])[q].tolist())
     if method == "hmr":
         return hybrid_majority_reward_row(answers, c.rule_scores(rule)[q].tolist())
     if method == "wrf":
@@ -122,20 +187,19 @@ def _select_row(
         return weighted_vote_row(answers, [1.0] * len(answers))
     p = _probs_row(c, q, cal, rule)
     if method == "vanilla_wv":
-        return weighted_vote_row(answers, p.tolist())
+        return weighted_vote_row(answers, p)
     if method == "optimal":
         assert c.correct is not None
-        w = m.optimal_weights(c.answers[q : q + 1], p[None, :], c.correct[q : q + 1])[0]
-        return weighted_vote_row(answers, w.tolist())
+        return weighted_vote_row(answers, optimal_weights_row(answers, p, [bool(v) for v in c.correct[q]]))
     if cal is None:
         raise ValueError(f"method {method!r} needs a calibration")
     if method == "wrf_cal":
         return weighted_reward_frequency_row(answers, c.rule_scores(rule)[q].tolist(), cal.wrf_alpha)
     if method == "logit_wv":
-        return weighted_vote_row(answers, m.logit_weights(p, cal.logit_b).tolist())
+        lb = logit_py(cal.logit_b)
+        return weighted_vote_row(answers, [logit_py(pi) - lb for pi in p])
     if method == "linear_wv":
-        return weighted_vote_row(answers, m.linear_weights(p, cal.linear_b).tolist())
+        return weighted_vote_row(answers, [pi - cal.linear_b for pi in p])
     if method == "kde_wv":
-        w = cal.kde.weights(c.answers[q : q + 1], p[None, :])[0]
-        return weighted_vote_row(answers, w.tolist())
+        return weighted_vote_row(answers, kde_weights_row(cal, answers, p))
     raise ValueError(f"unknown aggregation method {method!r}")
