@@ -195,9 +195,21 @@ class TransformersBackend:
     # ---------------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
-        params = params or self.default_params
         if isinstance(prompts, str):
             raise TypeError("generate() takes a sequence of prompts; wrap a single prompt in a list")
+        return self.generate_ids([self.encode_prompt(prompt) for prompt in prompts], params)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The token ids ``generate`` conditions on for ``prompt``."""
+        return list(self.tokenizer.encode(prompt, add_special_tokens=self.add_special_tokens))
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[list[Completion]]:
+        """:meth:`generate` for already tokenised prompts (what a server receives as token-id prompts)."""
+        params = params or self.default_params
+        if any(not prompt for prompt in prompts):
+            raise ValueError("every prompt needs at least one token; got an empty prompt")
         results: list[list[Completion]] = [[] for _ in prompts]
         # Greedy copies are identical: decode each prompt once and repeat the (immutable) result.
         n_engine = 1 if params.greedy else params.n
@@ -205,7 +217,7 @@ class TransformersBackend:
             if params.seed is not None:
                 _torch().manual_seed(params.seed)
             for indices, copies in self._batches(len(prompts), n_engine):
-                batch = self._generate_batch([prompts[i] for i in indices], copies, params)
+                batch = self._generate_batch([list(prompts[i]) for i in indices], copies, params)
                 for i, completions in zip(indices, batch, strict=True):
                     results[i].extend(completions)
         if n_engine != params.n:
@@ -230,12 +242,17 @@ class TransformersBackend:
         for start in range(0, n_prompts, per_batch):
             yield list(range(start, min(start + per_batch, n_prompts))), n
 
-    def generation_inputs(self, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Tokenised, left-padded prompts on the model's device (the exact input ``generate`` sees)."""
-        encoded = self.tokenizer(
-            list(prompts), return_tensors="pt", padding=True, add_special_tokens=self.add_special_tokens
-        )
-        return {key: value.to(self.device) for key, value in encoded.items()}
+    def generation_inputs(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+        """Left-padded ``input_ids`` and ``attention_mask`` on the model's device (what ``generate`` sees)."""
+        torch = _torch()
+        ids = [self.encode_prompt(p) if isinstance(p, str) else list(p) for p in prompts]
+        width = max(len(row) for row in ids)
+        input_ids = torch.full((len(ids), width), int(self.tokenizer.pad_token_id), dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for r, row in enumerate(ids):
+            input_ids[r, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[r, width - len(row) :] = 1
+        return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def generation_kwargs(self, params: SamplingParams, copies: int, prompt_width: int) -> dict[str, Any]:
         """``model.generate`` keyword arguments for ``params`` (also used by the raw-engine benchmark).
@@ -272,7 +289,7 @@ class TransformersBackend:
             )
         return kwargs
 
-    def _generate_batch(self, prompts: list[str], copies: int, params: SamplingParams) -> list[list[Completion]]:
+    def _generate_batch(self, prompts: list[list[int]], copies: int, params: SamplingParams) -> list[list[Completion]]:
         torch = _torch()
         inputs = self.generation_inputs(prompts)
         prompt_width = inputs["input_ids"].shape[1]

@@ -1,0 +1,106 @@
+"""Specification of the OpenAI-compatible client against a real HTTP server (prmloop.models.serve).
+
+The server runs the tiny random model in this process on a free port; requests go over TCP.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prmloop.models.backends.base import Generator, SamplingParams, Scorer
+from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, OpenAIServerError
+from prmloop.models.backends.transformers_backend import TransformersBackend
+from prmloop.models.serve import serve_in_thread
+
+PROMPTS = ["Question: what is 2 + 2?\nAnswer:", "Step 1: Let x be the number of apples. Step 2:"]
+SERVED = "tiny-served"
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_backend: TransformersBackend) -> Iterator[str]:
+    httpd, url = serve_in_thread(tiny_backend, port=0, served_model_name=SERVED)
+    try:
+        yield url
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture()
+def client(server_url: str) -> Iterator[OpenAICompatibleBackend]:
+    with OpenAICompatibleBackend(SERVED, base_url=server_url, timeout_s=60) as backend:
+        yield backend
+
+
+def test_client_implements_the_generator_and_scorer_protocols(client: OpenAICompatibleBackend) -> None:
+    assert isinstance(client, Generator)
+    assert isinstance(client, Scorer)
+
+
+def test_server_lists_its_model_and_answers_health(server_url: str) -> None:
+    assert httpx.get(f"{server_url}/models").json()["data"][0]["id"] == SERVED
+    assert httpx.get(server_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+
+
+def test_generate_over_http_equals_the_in_process_backend(
+    client: OpenAICompatibleBackend, tiny_backend: TransformersBackend
+) -> None:
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=0.8, seed=7)
+    remote = client.generate(PROMPTS, params)
+    local = [tiny_backend.generate([prompt], params)[0] for prompt in PROMPTS]
+    assert remote == local
+
+
+def test_rollouts_over_http_are_one_request_with_n(
+    client: OpenAICompatibleBackend, tiny_backend: TransformersBackend
+) -> None:
+    params = SamplingParams(max_new_tokens=6, seed=3)
+    remote = client.rollouts(PROMPTS[1], 5, params)
+    assert len(remote) == 5
+    assert remote == tiny_backend.rollouts(PROMPTS[1], 5, params)
+
+
+def test_stop_strings_travel_over_http(client: OpenAICompatibleBackend, tiny_backend: TransformersBackend) -> None:
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    [full] = tiny_backend.rollouts(PROMPTS[0], 1, greedy)
+    stop = tiny_backend.tokenizer.decode(full.token_ids[4:6])
+    [remote] = client.rollouts(PROMPTS[0], 1, greedy.model_copy(update={"stop": (stop,)}))
+    assert (remote.finish_reason, remote.stop_reason) == ("stop", stop)
+    assert remote.text == full.text[: full.text.index(stop)]
+
+
+def test_score_over_http_equals_the_in_process_scorer(
+    client: OpenAICompatibleBackend, tiny_backend: TransformersBackend
+) -> None:
+    pairs = [(PROMPTS[0], " 4. The answer is 4."), (PROMPTS[1], " 3 apples")]
+    for remote, local in zip(client.score(pairs), tiny_backend.score(pairs), strict=True):
+        assert (remote.token_ids, remote.prompt_tokens) == (local.token_ids, local.prompt_tokens)
+        assert max(abs(a - b) for a, b in zip(remote.logprobs, local.logprobs, strict=True)) < 1e-5
+
+
+def test_an_unknown_model_name_is_reported_with_the_served_one(server_url: str) -> None:
+    with (
+        OpenAICompatibleBackend("gpt-5", base_url=server_url) as wrong,
+        pytest.raises(OpenAIServerError, match=r"HTTP 400.*tiny-served"),
+    ):
+        wrong.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
+
+
+def test_invalid_sampling_parameters_are_a_400_not_a_crash(server_url: str) -> None:
+    response = httpx.post(f"{server_url}/completions", json={"prompt": "x", "temperature": -1})
+    assert response.status_code == 400
+    assert "temperature" in response.json()["error"]["message"]
+
+
+def test_an_unreachable_server_says_what_to_check() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with (
+        OpenAICompatibleBackend(SERVED, base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5) as client,
+        pytest.raises(OpenAIServerError, match="is it running"),
+    ):
+        client.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
