@@ -1,0 +1,182 @@
+"""In-process vLLM backend (GPU): ``vllm.LLM`` with per-token log-probabilities and prefix caching.
+
+vLLM is an optional extra (``pip install 'prmloop[gpu]'``) imported only when a backend is built, with
+an actionable error when it is missing (distilabel's ``vllm.py`` does the same in ``load()``).
+
+- Sampled tokens' log-probabilities come from ``SamplingParams(logprobs=0)``: only the sampled
+  token's, from vLLM's default ``logprobs_mode="raw_logprobs"`` (before temperature / top-p), the same
+  quantity as the transformers backend.
+- ``n`` rollouts of one prefix are one request with ``SamplingParams(n=n)``; with
+  ``enable_prefix_caching=True`` (set here by default) the prefix's KV blocks are computed once and
+  shared, also across the successive prefixes of EpicPRM's binary search (Sec. 3.3).
+- Scoring uses ``prompt_logprobs=0`` on the concatenated token ids and one generated token.
+
+Tolerant of API drift across the supported range (vLLM 0.8 - 0.33): prompts are passed as plain
+``{"prompt_token_ids": [...]}`` dicts, and log-probability containers are read by token id.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+
+__all__ = ["VLLMBackend", "completion_from_vllm"]
+
+_INSTALL_HINT = (
+    "the vllm backend needs vLLM on a CUDA machine: pip install 'prmloop[gpu]' (vllm>=0.8,<0.34); "
+    "on CPU use backend='transformers', or backend='openai' against a remote `vllm serve`"
+)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(_INSTALL_HINT) from exc
+    return vllm
+
+
+class _LogprobLike(Protocol):
+    logprob: float
+
+
+class _CompletionOutputLike(Protocol):
+    text: str
+    token_ids: Sequence[int]
+    logprobs: Sequence[Mapping[int, _LogprobLike]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+def completion_from_vllm(output: _CompletionOutputLike, prompt_tokens: int) -> Completion:
+    """Convert one ``vllm.CompletionOutput`` (requested with ``logprobs=0``) into a :class:`Completion`."""
+    if output.logprobs is None:
+        raise ValueError("the vLLM request was made without logprobs; set SamplingParams(logprobs=0)")
+    token_ids = tuple(int(t) for t in output.token_ids)
+    logprobs = tuple(float(position[token].logprob) for position, token in zip(output.logprobs, token_ids, strict=True))
+    finish: FinishReason = "stop" if output.finish_reason == "stop" else "length"
+    stop_reason = output.stop_reason if isinstance(output.stop_reason, str) else None
+    return Completion(
+        text=output.text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        stop_reason=stop_reason,
+    )
+
+
+class VLLMBackend:
+    """``Generator`` and ``Scorer`` on an in-process ``vllm.LLM``.
+
+    Attributes:
+        llm: the ``vllm.LLM`` engine (``None`` after :meth:`unload`).
+        model_name: name recorded in events' provenance.
+    """
+
+    def __init__(self, llm: Any, *, model_name: str, default_params: SamplingParams | None = None) -> None:
+        self.llm = llm
+        self.model_name = model_name
+        self.default_params = default_params or SamplingParams()
+        self.tokenizer = llm.get_tokenizer()
+
+    @classmethod
+    def from_model(
+        cls,
+        model: str,
+        *,
+        default_params: SamplingParams | None = None,
+        enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.85,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+        **engine_options: Any,
+    ) -> VLLMBackend:
+        """Start a ``vllm.LLM`` for ``model`` (a hub id or local folder; ``"smollm2"`` = the embedded GGUF)."""
+        vllm = _import_vllm()
+        name = model
+        if model == "smollm2":
+            from prmloop.models.backends.embedded import smollm2_gguf_path
+
+            path = smollm2_gguf_path()
+            model = str(path)
+            engine_options.setdefault("tokenizer", str(path.parent))
+            name = f"smollm2:{path.stem}"
+        llm = vllm.LLM(
+            model=model,
+            enable_prefix_caching=enable_prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            **engine_options,
+        )
+        return cls(llm, model_name=name, default_params=default_params)
+
+    def unload(self) -> None:
+        """Free the GPU memory held by the engine."""
+        self.llm = None
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:  # pragma: no cover - torch is a core dependency
+            pass
+
+    def _engine(self) -> Any:
+        if self.llm is None:
+            raise RuntimeError(f"the vLLM engine for {self.model_name} was unloaded; build a new backend")
+        return self.llm
+
+    def _sampling(self, params: SamplingParams, **extra: Any) -> Any:
+        vllm = _import_vllm()
+        return vllm.SamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            logprobs=0,
+            **extra,
+        )
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
+        if isinstance(prompts, str):
+            raise TypeError("generate() takes a sequence of prompts; wrap a single prompt in a list")
+        params = params or self.default_params
+        requests = [{"prompt_token_ids": self.encode_prompt(prompt)} for prompt in prompts]
+        outputs = self._engine().generate(requests, self._sampling(params), use_tqdm=False)
+        return [
+            [completion_from_vllm(o, len(request.prompt_token_ids)) for o in request.outputs] for request in outputs
+        ]
+
+    def rollouts(self, prefix: str, n: int, params: SamplingParams | None = None) -> list[Completion]:
+        params = (params or self.default_params).model_copy(update={"n": n})
+        return self.generate([prefix], params)[0]
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
+        encoded = [
+            (self.encode_prompt(prompt), list(self.tokenizer.encode(cont, add_special_tokens=False)))
+            for prompt, cont in pairs
+        ]
+        if any(not prompt for prompt, _ in encoded):
+            raise ValueError("score() needs a non-empty prompt: the first token has no context to be scored in")
+        requests = [{"prompt_token_ids": prompt + cont} for prompt, cont in encoded]
+        sampling = self._sampling(SamplingParams(max_new_tokens=1, temperature=0.0), prompt_logprobs=0)
+        outputs = self._engine().generate(requests, sampling, use_tqdm=False)
+        results = []
+        for (prompt, cont), output in zip(encoded, outputs, strict=True):
+            positions = output.prompt_logprobs[len(prompt) : len(prompt) + len(cont)]
+            values = tuple(float(position[token].logprob) for position, token in zip(positions, cont, strict=True))
+            results.append(ScoredText(token_ids=tuple(cont), logprobs=values, prompt_tokens=len(prompt)))
+        return results
