@@ -35,16 +35,18 @@ def bench_aggregate(
     score_rule: ScoreRule = "min",
     calibration_size: int = 100,
     repeats: int = 5,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """Time all methods on the whole pool (default ``bon/gsm8k_candidates.jsonl.gz``, 500 x 32).
 
     The calibration is fitted once on the first ``calibration_size`` questions (not timed); both
     implementations then select on all questions from the same precomputed candidate scores.
-    ``vectorized_s`` and ``naive_s`` are sums over methods of the fastest of ``repeats`` runs.
+    ``vectorized_s`` and ``naive_s`` are sums over methods of the fastest of ``repeats`` runs
+    (``repeats // 2`` for the slow loop). ``limit`` keeps the first questions only (tests).
     """
     pool = pool if pool is not None else default_data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
-    loaded = load_for_eval(pool, scores, prm=prm)
-    fit = fit_calibration(loaded.take(np.arange(calibration_size)), score_rule=score_rule)
+    loaded = load_for_eval(pool, scores, prm=prm, limit=limit)
+    fit = fit_calibration(loaded.take(np.arange(min(calibration_size, loaded.n_questions))), score_rule=score_rule)
     cands = ScoredCandidates.from_pool(loaded)
     per_method: dict[str, dict[str, float | bool]] = {}
     identical = True

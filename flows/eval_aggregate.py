@@ -4,7 +4,6 @@ the compute fraction of the calibrated methods, and PNG plots (accuracy vs N, fi
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,14 +13,12 @@ from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluat
 from prmloop.models.aggregation.loader import load_pool
 from prmloop.models.aggregation.plots import plot_accuracy_vs_n, plot_weighting_functions
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
-
-DATA_ENV = "PRMLOOP_SHARED_DATA"
+from prmloop.models.questions import data_dir
 
 
 def default_data_dir() -> Path:
-    """``$PRMLOOP_SHARED_DATA``, else ``../shared/data`` next to the repository (MANIFEST.md)."""
-    env = os.environ.get(DATA_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+    """The shared data folder: ``$PRMLOOP_DATA_DIR``, else ``../shared/data`` beside the repository."""
+    return data_dir()
 
 
 def resolve_pool_paths(

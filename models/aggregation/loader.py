@@ -70,10 +70,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_reference_answers(path: Path, questions: list[str]) -> list[str]:
+def read_reference_answers(path: Path, questions: list[str], *, prefix: bool = False) -> list[str]:
     """Gold answers from a MATH-style JSONL file (``{problem, answer}``) in the pool's order; every
-    problem text must match, so a wrong or reordered file is refused."""
+    problem text must match, so a wrong or reordered file is refused. ``prefix``: the pool holds
+    only the first questions of the file (``load_pool(limit=...)``)."""
     rows = list(_read_jsonl(path))
+    if prefix:
+        rows = rows[: len(questions)]
     if len(rows) != len(questions):
         raise ValueError(f"reference file {path} has {len(rows)} rows but the pool has {len(questions)} questions")
     gold = []
@@ -155,7 +158,7 @@ def load_pool(
     stored_ok = np.array([[bool(c.get("is_correct")) for c in p["candidates"]] for p in problems])
 
     if reference_path is not None:
-        gold = read_reference_answers(Path(reference_path), questions)
+        gold = read_reference_answers(Path(reference_path), questions, prefix=limit is not None)
         gold_source = _sha256(Path(reference_path))
     else:
         if dataset == "math500":
