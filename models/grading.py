@@ -108,9 +108,7 @@ class GradeResult:
 # --------------------------------------------------------------------------------------------------
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_IS_RE = re.compile(
-    r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*(?P<ans>[^\n]+)", flags=re.IGNORECASE
-)
+_ANSWER_IS_RE = re.compile(r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*(?P<ans>[^\n]+)", flags=re.IGNORECASE)
 _HASHES_RE = re.compile(r"####\s*(?P<ans>[^\n]+)")
 _INLINE_MATH_RE = re.compile(r"^\$+(?P<inner>.+?)\$+")
 
@@ -310,9 +308,7 @@ class _GradingWorker:
             conn.send((fn_name, args))
             if not conn.poll(deadline_s):
                 self._kill()
-                raise AnswerCheckTimeout(
-                    f"grading helper process did not answer {fn_name} in {deadline_s:g} s"
-                )
+                raise AnswerCheckTimeout(f"grading helper process did not answer {fn_name} in {deadline_s:g} s")
             try:
                 ok, value = conn.recv()
             except EOFError as exc:
@@ -382,9 +378,7 @@ def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool], list[
     try:
         from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
     except ImportError as exc:  # pragma: no cover - it is a core dependency
-        raise ImportError(
-            "prmloop's grading needs math-verify: pip install 'math-verify>=0.9,<0.10'"
-        ) from exc
+        raise ImportError("prmloop's grading needs math-verify: pip install 'math-verify>=0.9,<0.10'") from exc
     # math-verify warns once that its timeouts are off; they are replaced by ours (module docstring).
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
@@ -455,9 +449,7 @@ def _group_in_process(answers: Sequence[str], timeout_s: float) -> list[int]:
     return cluster_ids
 
 
-def _compare(
-    gold: str, pred: str, timeout_s: float, symmetric: bool, string_fast_path: bool = True
-) -> _Verdict:
+def _compare(gold: str, pred: str, timeout_s: float, symmetric: bool, string_fast_path: bool = True) -> _Verdict:
     # Two parses and up to two comparisons, each with its own budget, plus slack for the round trip.
     try:
         return _dispatch(
@@ -475,9 +467,7 @@ def _compare(
 # --------------------------------------------------------------------------------------------------
 
 
-def answers_equivalent(
-    a: str, b: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, string_fast_path: bool = True
-) -> bool:
+def answers_equivalent(a: str, b: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, string_fast_path: bool = True) -> bool:
     """Whether two extracted answers denote the same mathematical object (symmetric).
 
     Equal :func:`normalize_answer` keys decide at once; otherwise both are parsed with math-verify and

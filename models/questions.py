@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from prmloop.models.grading import last_boxed
 from pydantic import BaseModel, ConfigDict, JsonValue
+
+from prmloop.models.grading import last_boxed
 
 __all__ = [
     "DATASETS",
@@ -87,9 +88,7 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})"
-                ) from exc
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
             missing = [key for key in required if not isinstance(row.get(key), str)]

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from prmloop.models.backends.base import Completion
     from transformers import PreTrainedTokenizerBase
+
+    from prmloop.models.backends.base import Completion
 
 __all__ = [
     "Step",

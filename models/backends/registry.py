@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from prmloop.models.backends.base import Generator, SamplingParams, Scorer
 from pydantic import BaseModel, ConfigDict, Field
+
+from prmloop.models.backends.base import Generator, SamplingParams, Scorer
 
 __all__ = ["BACKENDS", "Backend", "BackendConfig", "build_backend", "register_backend"]
 

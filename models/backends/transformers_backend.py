@@ -145,8 +145,9 @@ class TransformersBackend:
         GGUF weights are de-quantised to ``dtype`` by transformers (SmolLM2 Q4_1: about 10 s on two
         CPU cores). Nothing is downloaded when ``model`` is a local folder.
         """
-        from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
 
         torch = _torch()
         if model == EMBEDDED_MODEL_NAME:

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
 from prmloop.models.questions import data_dir
 
 if TYPE_CHECKING:
-    from prmloop.models.backends.transformers_backend import TransformersBackend
     from transformers import PreTrainedTokenizerBase
+
+    from prmloop.models.backends.transformers_backend import TransformersBackend
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +32,9 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer() -> PreTrainedTokenizerBase:
     """SmolLM2's tokenizer, built by transformers from the GGUF file (about 4 s)."""
-    from prmloop.models.backends.embedded import smollm2_gguf_path
     from transformers import AutoTokenizer
+
+    from prmloop.models.backends.embedded import smollm2_gguf_path
 
     path = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -43,8 +46,9 @@ def smollm2_tokenizer() -> PreTrainedTokenizerBase:
 def tiny_backend(smollm2_tokenizer: PreTrainedTokenizerBase) -> TransformersBackend:
     """A random 2-layer Llama (hidden size 64) over SmolLM2's vocabulary, on CPU in float32."""
     import torch
-    from prmloop.models.backends.transformers_backend import TransformersBackend
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from prmloop.models.backends.transformers_backend import TransformersBackend
 
     config = LlamaConfig(
         vocab_size=len(smollm2_tokenizer),

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+
 from prmloop.models.backends.base import Generator, SamplingParams, Scorer
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, OpenAIServerError
 from prmloop.models.backends.transformers_backend import TransformersBackend

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 from prmloop.models.backends.base import Completion, Generator, SamplingParams, Scorer
 from prmloop.models.backends.transformers_backend import TransformersBackend
 

@@ -6,6 +6,7 @@ import importlib.util
 from dataclasses import dataclass, replace
 
 import pytest
+
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.registry import build_backend
 from prmloop.models.backends.vllm_backend import completion_from_vllm

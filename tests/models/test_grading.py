@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from prmloop.models.grading import (
     GradeOutcome,
     answers_equivalent,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from prmloop.models.grading import grade
 from prmloop.models.questions import DATASETS, Question, data_dir, load_gsm8k, load_gsm_plus, load_questions
 

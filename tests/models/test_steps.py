@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from transformers import PreTrainedTokenizerBase
+
 from prmloop.models.backends.base import Completion
 from prmloop.models.grading import extract_answer, grade
 from prmloop.models.prompts import (
@@ -20,7 +22,6 @@ from prmloop.models.prompts import (
     solution_messages,
 )
 from prmloop.models.steps import align_steps, split_completion, split_steps, token_char_spans
-from transformers import PreTrainedTokenizerBase
 
 EPIC_RESPONSE = (
     "Response: Let's think step by step.\n"
