@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
 from prmloop.store.duck import EVENT_SCHEMA, EventStore, WriteResult
 from prmloop.store.events import encode_event

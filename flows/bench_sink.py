@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
+from rich.progress import Progress
+
 from prmloop.consumers.sink import Sink, run_sink
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.consumer import ConsumerRuntime
@@ -22,7 +24,6 @@ from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.synthetic import synthetic_events
 from prmloop.store.topics import EVENT_TOPICS
-from rich.progress import Progress
 
 
 @contextmanager

@@ -5,18 +5,21 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
 from prmloop.store.broker import BrokerError, EmbeddedBroker, require_bootstrap_servers, write_broker_file
 from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 from prmloop.store.settings import StateSettings
-from rich.console import Console
-from rich.table import Table
 
 app = typer.Typer(
     help="prmloop: event-sourced, active data curation for process reward models.",
@@ -84,6 +87,14 @@ def broker(
             state.broker_file.unlink(missing_ok=True)
 
 
+def _stop_on_signals() -> threading.Event:
+    """SIGTERM/SIGINT during start-up ask for a clean stop too (the runtime takes over once running)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    return stop
+
+
 def _mkdir(path: Path) -> bool:
     path.mkdir(parents=True, exist_ok=True)
     return True
@@ -104,16 +115,25 @@ def sink(
     db: DbOption = None,
     max_batch: Annotated[int, typer.Option(help="events per DuckDB transaction at most")] = 5000,
     max_wait: Annotated[float, typer.Option(help="seconds a batch waits to fill")] = 0.2,
+    group: Annotated[str, typer.Option(help="consumer group the offsets are committed under")] = "prmloop-sink",
 ) -> None:
     """Run the store sink: the only writer of the DuckDB file. Stops cleanly on Ctrl-C / SIGTERM."""
     from prmloop.consumers.sink import run_sink
     from prmloop.store.kafka import ensure_topics
 
+    stop = _stop_on_signals()
     servers = require_bootstrap_servers()
     ensure_topics(servers)
     path = _db(db)
     err.print(f"sink: {servers} -> {path}")
-    stats, sink_stats = run_sink(bootstrap_servers=servers, db_path=path, max_batch=max_batch, max_wait_s=max_wait)
+    stats, sink_stats = run_sink(
+        bootstrap_servers=servers,
+        db_path=path,
+        group_id=group,
+        max_batch=max_batch,
+        max_wait_s=max_wait,
+        until=stop.is_set,
+    )
     err.print(
         f"sink stopped: {sink_stats.inserted} new events stored of {sink_stats.received} received, "
         f"{stats.dead_lettered} dead-lettered"

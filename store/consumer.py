@@ -30,6 +30,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
+
 from prmloop.store.events import DecodeError, Envelope, decode_stored_form
 from prmloop.store.kafka import EventProducer, consumer_config
 from prmloop.store.settings import KafkaSettings
@@ -122,6 +123,7 @@ class ConsumerRuntime:
         self._owns_dlq = dlq_producer is None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
         self._prefetched: list[ConsumerRecord] = []
+        self._cluster_id: str | None = None
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -188,6 +190,8 @@ class ConsumerRuntime:
         while len(records) < self.max_batch and not self._stop.is_set():
             timeout = self.max_wait_s if deadline is None else max(0.0, deadline - time.monotonic())
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.max_batch - len(records))
+            if self._broker_replaced():
+                return []
             for recs in polled.values():
                 records.extend(recs)
             if records and deadline is None:
@@ -195,6 +199,24 @@ class ConsumerRuntime:
             if deadline is None or time.monotonic() >= deadline:
                 break
         return records
+
+    def _broker_replaced(self) -> bool:
+        """True (once) when the cluster id changed: an in-memory broker restarted with empty topics.
+
+        Its logs start again at offset 0 and it has no committed offsets, so every assigned partition
+        is read again from the beginning; effects are idempotent, and what the restart lost is
+        re-published from the outbox by ``prmloop reconcile``. A real Kafka cluster keeps its id.
+        """
+        current = self._consumer._client.cluster.cluster_id  # kafka-python keeps it from metadata
+        previous, self._cluster_id = self._cluster_id, current or self._cluster_id
+        if previous is None or current is None or current == previous:
+            return False
+        log.warning(
+            "%s: the broker was replaced (cluster %s -> %s); rereading from the start", self.name, previous, current
+        )
+        self._prefetched.clear()
+        self._consumer.seek_to_beginning(*self._consumer.assignment())
+        return True
 
     # --------------------------------------------------------------------------------------- processing
 

@@ -11,6 +11,7 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
+
 from prmloop.store.events import Envelope, encode_event
 from prmloop.store.outbox import Outbox
 from prmloop.store.settings import KafkaSettings

@@ -40,8 +40,14 @@ class Outbox:
             os.fsync(self._fh.fileno())
 
     def close(self) -> None:
+        """Close the segment and mark it closed, so reconcile may delete it once all of it is stored."""
         with self._lock:
+            if self._fh.closed:
+                return
             self._fh.close()
+            closed = self.path.with_suffix(".closed.jsonl")
+            self.path.rename(closed)
+            self.path = closed
 
 
 def segments(directory: Path) -> list[Path]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
 from prmloop.store.duck import open_reader
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, ensure_topics
@@ -34,7 +35,10 @@ def stored_event_ids(db_path: Path, candidates: list[uuid.UUID]) -> set[uuid.UUI
     return {r[0] if isinstance(r[0], uuid.UUID) else uuid.UUID(str(r[0])) for r in rows}
 
 
-def _pid_alive(segment: Path) -> bool:
+def _still_written(segment: Path) -> bool:
+    """An open segment of a live process may still grow; closed ones and a dead writer's may not."""
+    if segment.name.endswith(".closed.jsonl"):
+        return False
     parts = segment.stem.rsplit("-", 2)
     try:
         pid = int(parts[-2])
@@ -65,7 +69,7 @@ def reconcile(
         pending = [e for e in events if e.event_id not in stored]
         for e in pending:
             missing.setdefault(e.event_id, e)
-        if not pending and not _pid_alive(seg):
+        if not pending and not _still_written(seg):
             removable.append(seg)
     if missing:
         with EventProducer(bootstrap_servers, kafka=kafka) as producer:

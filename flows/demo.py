@@ -1,0 +1,105 @@
+"""``prmloop demo``: the furthest part of the loop that runs end to end today, on embedded defaults.
+
+It starts the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), runs the sink, publishes
+a stream of realistic events (registrations, sampled solutions, step scores, MC labels, consensus),
+waits until every one is queryable, and shows the label history with SQL. The DuckDB file stays in
+``$PRMLOOP_HOME`` for ``prmloop sql`` afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from prmloop.consumers.sink import run_sink
+from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.duck import StoreLocked, query
+from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.outbox import Outbox
+from prmloop.store.settings import KafkaSettings, StateSettings
+from prmloop.store.synthetic import synthetic_events
+
+DEMO_QUERIES = {
+    "events per type": "SELECT event_type, count(*) AS events FROM events GROUP BY ALL ORDER BY events DESC",
+    "first-error position of labelled incorrect solutions": (
+        "SELECT first_error_step, count(DISTINCT solution_id) AS solutions FROM current_labels "
+        "WHERE first_error_step IS NOT NULL GROUP BY ALL ORDER BY first_error_step LIMIT 10"
+    ),
+    "labelling cost by method": (
+        "SELECT method, count(*) AS solutions, sum(rollouts) AS rollouts, sum(generated_tokens) AS tokens "
+        "FROM cost_ledger GROUP BY ALL"
+    ),
+}
+
+
+@contextmanager
+def _broker(console: Console) -> Iterator[str]:
+    configured = KafkaSettings().bootstrap_servers
+    if configured:
+        console.print(f"broker: {configured} (KAFKA_BOOTSTRAP_SERVERS)")
+        yield configured
+        return
+    with EmbeddedBroker() as broker:
+        console.print(f"broker: embedded Tansu on {broker.bootstrap_servers}")
+        yield broker.bootstrap_servers
+
+
+def _stored(db: Path) -> int:
+    try:
+        return int(query(db, "SELECT count(*) FROM events", timeout_s=5).rows[0][0])
+    except (StoreLocked, FileNotFoundError):
+        return -1
+
+
+def run_demo(n_events: int = 20_000, db_path: Path | None = None) -> None:
+    console = Console()
+    state = StateSettings()
+    db = db_path or state.db_path
+    events = synthetic_events(n_events, seed=int(time.time()))
+    with _broker(console) as servers:
+        ensure_topics(servers)
+        stop = threading.Event()
+        sink = threading.Thread(
+            target=run_sink,
+            kwargs={
+                "bootstrap_servers": servers,
+                "db_path": db,
+                "until": stop.is_set,
+                "install_signal_handlers": False,
+            },
+            daemon=True,
+        )
+        sink.start()
+        before = max(0, _stored(db))
+        started = time.monotonic()
+        with EventProducer(servers, outbox=Outbox(state.outbox_dir, "demo")) as producer, Progress() as bar:
+            publish = bar.add_task("publishing", total=len(events))
+            for i in range(0, len(events), 1000):
+                producer.publish(events[i : i + 1000])
+                bar.advance(publish, len(events[i : i + 1000]))
+            store = bar.add_task("stored in DuckDB", total=len(events))
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                done = _stored(db) - before
+                bar.update(store, completed=max(0, done))
+                if done >= len(events):
+                    break
+                time.sleep(0.3)
+        elapsed = time.monotonic() - started
+        stop.set()
+        sink.join(timeout=30)
+    console.print(f"{len(events)} events published and stored in {elapsed:.1f}s -> {db}")
+    for title, sql in DEMO_QUERIES.items():
+        result = query(db, sql)
+        table = Table(*result.columns, title=title)
+        for row in result.rows:
+            table.add_row(*(str(v) for v in row))
+        console.print(table)
+    console.print(f'try: prmloop sql "SELECT * FROM current_labels LIMIT 5" --db {db}')

@@ -1,0 +1,177 @@
+"""The consumer runtime against a real broker: dead letters, retries, long work, commits."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.events import QuestionRegistered, encode_event, make_event
+from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics, event_headers
+from prmloop.store.settings import KafkaSettings
+from prmloop.store.topics import TopicSpec, dlq_topic
+
+
+def _topic(partitions: int, servers: str) -> str:
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    ensure_topics(servers, [TopicSpec(name, partitions), TopicSpec(dlq_topic(name), 1)])
+    return name
+
+
+def _event(i: int) -> bytes:
+    return encode_event(make_event(QuestionRegistered(question_id=f"q{i}", dataset="d", problem=f"p{i}"), producer="t"))
+
+
+def _send(servers: str, topic: str, values: list[bytes], key: Callable[[int], bytes] = lambda i: b"k") -> None:
+    with EventProducer(servers) as producer:
+        for i, value in enumerate(values):
+            producer.send_raw(topic, key(i), value, [])
+
+
+def _run_until(runtime: ConsumerRuntime, done: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    runtime.run(until=lambda: done() or time.monotonic() > deadline, install_signal_handlers=False)
+    assert done(), "the runtime did not finish in time"
+
+
+def _read_all(servers: str, topic: str, expected: int, timeout_s: float = 30) -> list:  # type: ignore[type-arg]
+    consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=None))
+    consumer.assign([TopicPartition(topic, 0)])
+    consumer.seek_to_beginning()
+    out: list = []  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout_s
+    while len(out) < expected and time.monotonic() < deadline:
+        for recs in consumer.poll(timeout_ms=200).values():
+            out.extend(recs)
+    consumer.close()
+    return out
+
+
+def _committed(servers: str, group: str, topic: str, partition: int) -> int | None:
+    consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=group))
+    try:
+        return consumer.committed(TopicPartition(topic, partition))
+    finally:
+        consumer.close(autocommit=False)
+
+
+def test_poison_records_are_dead_lettered_and_the_stream_continues(kafka_bootstrap: str) -> None:
+    topic = _topic(1, kafka_bootstrap)
+    newer_version = json.loads(_event(90))
+    newer_version["schema_version"] = 99
+    invalid = json.loads(_event(91))
+    del invalid["payload"]["problem"]
+    values = [
+        _event(1),
+        b"{not json",
+        _event(2),
+        json.dumps(newer_version).encode(),
+        json.dumps(invalid).encode(),
+        _event(3),
+        _event(4),
+    ]
+    _send(kafka_bootstrap, topic, values)
+
+    seen: list[str] = []
+
+    def handler(batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]]:
+        rejected = [(c, "question q4 is banned") for c in batch if c.event.correlation_id == "q4"]
+        seen.extend(c.event.correlation_id for c in batch if c.event.correlation_id != "q4")
+        return rejected
+
+    runtime = ConsumerRuntime(
+        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler, assign_all=True
+    )
+    _run_until(runtime, lambda: len(seen) >= 3)
+    assert seen == ["q1", "q2", "q3"]
+    assert runtime.stats.dead_lettered == 4
+
+    dead = _read_all(kafka_bootstrap, dlq_topic(topic), 4)
+    headers = [dict(r.headers) for r in dead]
+    assert [h["dlq.error_type"] for h in headers] == [
+        b"DecodeError",
+        b"UnknownSchemaVersion",
+        b"DecodeError",
+        b"Rejected",
+    ]
+    assert [int(h["dlq.offset"]) for h in headers] == [1, 3, 4, 6]
+    assert all(h["dlq.topic"] == topic.encode() and h["dlq.partition"] == b"0" for h in headers)
+    assert b"not JSON" in headers[0]["dlq.error"]
+    assert b"problem" in headers[2]["dlq.error"]
+    assert b"banned" in headers[3]["dlq.error"]
+    assert dead[0].value == b"{not json"  # the original bytes, untouched
+    assert _committed(kafka_bootstrap, f"g-{topic}", topic, 0) == 7
+
+
+def test_a_failing_effect_is_retried_and_committed_only_after_it_succeeds(kafka_bootstrap: str) -> None:
+    topic = _topic(1, kafka_bootstrap)
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(5)])
+    attempts: list[int] = []
+    committed_during_failures: list[int | None] = []
+    group = f"g-{topic}"
+
+    def flaky(batch: list[ConsumedEvent]) -> None:
+        attempts.append(len(batch))
+        if len(attempts) < 3:
+            committed_during_failures.append(_committed(kafka_bootstrap, group, topic, 0))
+            raise ConnectionError("database briefly unavailable")
+
+    runtime = ConsumerRuntime(
+        topics=[topic],
+        group_id=group,
+        bootstrap_servers=kafka_bootstrap,
+        handler=flaky,
+        assign_all=True,
+        backoff_initial_s=0.05,
+        max_wait_s=0.5,
+    )
+    _run_until(runtime, lambda: runtime.stats.events >= 5)
+    assert attempts == [5, 5, 5]
+    assert runtime.stats.retries == 2
+    assert committed_during_failures == [None, None]
+    assert _committed(kafka_bootstrap, group, topic, 0) == 5
+
+
+@pytest.mark.slow
+def test_work_longer_than_the_poll_interval_keeps_the_group_and_loses_no_record(kafka_bootstrap: str) -> None:
+    """Pause, keep polling, resume: a 9 s batch with a 6 s max.poll.interval, on two partitions."""
+    topic = _topic(2, kafka_bootstrap)
+    group = f"g-{topic}"
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(10)], key=lambda i: str(i % 2).encode())
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def slow(batch: list[ConsumedEvent]) -> None:
+        if not seen:
+            time.sleep(9)
+        with lock:
+            seen.extend(c.event.correlation_id for c in batch)
+
+    runtime = ConsumerRuntime(
+        topics=[topic],
+        group_id=group,
+        bootstrap_servers=kafka_bootstrap,
+        handler=slow,
+        max_batch=3,
+        max_poll_interval_ms=6000,
+        session_timeout_ms=6000,
+    )
+    late = threading.Timer(
+        12,
+        _send,
+        args=(kafka_bootstrap, topic, [_event(i) for i in range(10, 16)]),
+        kwargs={"key": lambda i: str(i % 2).encode()},
+    )
+    late.start()
+    _run_until(runtime, lambda: len(seen) >= 16, timeout_s=90)
+    late.join()
+    assert sorted(seen) == sorted(f"q{i}" for i in range(16))  # every record, none twice
+    assert len(seen) == 16
+    total = sum(_committed(kafka_bootstrap, group, topic, p) or 0 for p in (0, 1))
+    assert total == 16

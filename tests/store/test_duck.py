@@ -1,0 +1,208 @@
+"""The DuckDB store: idempotent batches, projections over label history, read-only SQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from prmloop.consumers.sink import events_to_arrow
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.duck import EventStore, ReadOnlyViolation, StoreLocked, check_read_only, query
+from prmloop.store.events import (
+    Envelope,
+    LabelsAccepted,
+    ModelRef,
+    SamplingSpec,
+    SolutionSampled,
+    StepsJudged,
+    StepsLabeled,
+    make_event,
+)
+from prmloop.store.synthetic import synthetic_events
+
+T0 = datetime(2026, 5, 1, tzinfo=UTC)
+
+
+def consumed(events: list[Envelope], topic: str = "t", partition: int = 0) -> list[ConsumedEvent]:
+    return [ConsumedEvent(e, topic, partition, i, 0) for i, e in enumerate(events)]
+
+
+def write(store: EventStore, events: list[Envelope]) -> int:
+    return store.write_batch(events_to_arrow(consumed(events)), [("t", 0, len(events))]).inserted
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> EventStore:
+    return EventStore(tmp_path / "prmloop.duckdb")
+
+
+def test_a_batch_written_twice_is_stored_once(store: EventStore) -> None:
+    events = synthetic_events(200, k=2)
+    assert write(store, events) == 200
+    assert write(store, events) == 0
+    assert write(store, events[:50] + events[:50]) == 0
+    rows = query(store.path, "SELECT count(*), count(DISTINCT event_id) FROM events").rows
+    assert rows == [(200, 200)]
+
+
+def test_duplicates_inside_one_batch_are_stored_once(store: EventStore) -> None:
+    events = synthetic_events(10, k=1)
+    assert write(store, events + events) == 10
+
+
+def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore) -> None:
+    events = synthetic_events(5, k=1)
+    store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 42)])
+    store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 47)])
+    rows = query(store.path, "SELECT topic, kafka_partition, next_offset FROM sink_offsets").rows
+    assert rows == [("solutions.sampled", 2, 47)]
+
+
+def _solution(sid: str, n_steps: int = 3) -> Envelope:
+    payload = SolutionSampled(
+        solution_id=sid,
+        question_id="q",
+        generator=ModelRef(backend="transformers", name="tiny"),
+        sampling=SamplingSpec(),
+        prompt_format="step_k",
+        text="...",
+        steps=tuple(f"Step {i + 1}" for i in range(n_steps)),
+        final_answer="3",
+        correct=False,
+    )
+    return make_event(payload, producer="t", occurred_at=T0)
+
+
+def _labeled(sid: str, labels: tuple[bool, ...], method: str, minutes: int) -> Envelope:
+    first = labels.index(False) if False in labels else None
+    payload = StepsLabeled(solution_id=sid, question_id="q", method=method, labels=labels, first_error_step=first)
+    return make_event(payload, producer="t", occurred_at=T0 + timedelta(minutes=minutes))
+
+
+def test_steps_view_unnests_solution_steps_in_order(store: EventStore) -> None:
+    write(store, [_solution("s1", 3)])
+    rows = query(store.path, "SELECT step_index, text FROM steps WHERE solution_id = 's1' ORDER BY step_index").rows
+    assert rows == [(0, "Step 1"), (1, "Step 2"), (2, "Step 3")]
+
+
+def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store: EventStore) -> None:
+    newer = _labeled("s1", (True, True, False), "adaptive_binary", minutes=10)
+    older = _labeled("s1", (True, False, False), "sequential", minutes=1)
+    write(store, [_solution("s1"), newer])
+    write(store, [older])  # arrives last, happened first
+    current = query(
+        store.path, "SELECT step_index, label, method, n_versions FROM current_labels ORDER BY step_index"
+    ).rows
+    assert current == [
+        (0, True, "adaptive_binary", 2),
+        (1, True, "adaptive_binary", 2),
+        (2, False, "adaptive_binary", 2),
+    ]
+    history = query(store.path, "SELECT count(*) FROM label_history WHERE solution_id = 's1'").rows
+    assert history == [(6,)]
+
+
+def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventStore) -> None:
+    labeled = _labeled("s1", (True, False), "sequential", minutes=1)
+    judged = make_event(
+        StepsJudged(
+            solution_id="s1", question_id="q", judge=ModelRef(backend="openai", name="judge"), verdicts=(False, None)
+        ),
+        producer="t",
+        occurred_at=T0 + timedelta(minutes=5),
+    )
+    write(store, [labeled, judged])
+    assert query(store.path, "SELECT source FROM current_labels WHERE step_index = 0").rows == [("StepsLabeled",)]
+    accepted = make_event(
+        LabelsAccepted(
+            solution_id="s1", question_id="q", labels=(True, True), source_event_ids=(labeled.event_id,), rule="agree"
+        ),
+        producer="t",
+        occurred_at=T0 + timedelta(minutes=2),
+    )
+    write(store, [accepted])
+    rows = query(store.path, "SELECT step_index, label, source FROM current_labels ORDER BY step_index").rows
+    assert rows == [(0, True, "LabelsAccepted"), (1, True, "LabelsAccepted")]
+
+
+def test_cost_ledger_sums_what_labels_cost(store: EventStore) -> None:
+    write(store, synthetic_events(300, k=4))
+    total = query(store.path, "SELECT sum(rollouts) FROM cost_ledger").rows[0][0]
+    expected = query(
+        store.path,
+        "SELECT sum(CAST(payload->'cost'->>'rollouts' AS BIGINT)) FROM events WHERE event_type = 'StepsLabeled'",
+    ).rows[0][0]
+    assert total == expected > 0
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO events SELECT * FROM events",
+        "DELETE FROM events",
+        "UPDATE events SET producer = 'x'",
+        "CREATE TABLE x AS SELECT 1",
+        "DROP VIEW steps",
+        "COPY events TO '/tmp/out.csv'",
+        "ATTACH '/tmp/other.duckdb' AS other",
+        "SET enable_external_access = true",
+        "PRAGMA enable_profiling",
+        "CALL checkpoint()",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "EXPORT DATABASE '/tmp/dump'",
+        "SELECT 1; DELETE FROM events",
+        "",
+    ],
+)
+def test_statements_that_write_attach_or_copy_are_refused(sql: str) -> None:
+    with pytest.raises(ReadOnlyViolation):
+        check_read_only(sql)
+
+
+def test_reading_files_from_a_select_is_blocked(store: EventStore, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a\n1\n")
+    with pytest.raises(duckdb.Error, match="(?i)external access|permission"):
+        query(store.path, f"SELECT * FROM read_csv('{secret}')")
+
+
+def test_readers_wait_while_the_writer_holds_the_file_then_read(store: EventStore) -> None:
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        con = duckdb.connect(str(store.path))
+        held.set()
+        release.wait(5)
+        con.close()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    threading.Timer(0.3, release.set).start()
+    result = query(store.path, "SELECT count(*) FROM events", timeout_s=5)
+    t.join()
+    assert result.rows == [(0,)]
+    assert result.waited_s >= 0.2
+
+
+def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(store: EventStore) -> None:
+    con = duckdb.connect(str(store.path))
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreLocked, match="stayed locked"):
+            query(store.path, "SELECT 1", timeout_s=0.3)
+        assert time.monotonic() - started < 3
+    finally:
+        con.close()
+
+
+def test_querying_a_missing_store_says_how_to_create_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="prmloop sink"):
+        query(tmp_path / "none.duckdb", "SELECT 1")
