@@ -25,7 +25,12 @@ def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
     env["PRMLOOP_HOME"] = str(home)
     return subprocess.run(
-        [sys.executable, "-m", "prmloop.flows.cli", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "prmloop.flows.cli", *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

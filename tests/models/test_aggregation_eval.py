@@ -9,16 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from prmloop.models.aggregation.calibration import fit_calibration
 from prmloop.models.aggregation.evaluation import compute_fraction, evaluate_aggregation, split_questions
 from prmloop.models.aggregation.loader import load_pool
 from prmloop.models.aggregation.methods import NO_ANSWER
 from prmloop.models.aggregation.naive import select_naive
-from prmloop.models.aggregation.pool import CandidatePool, ScoredCandidates, subsample_indices
+from prmloop.models.aggregation.pool import CandidatePool, ScoredCandidates, ScoreKind, subsample_indices
 from prmloop.models.aggregation.selection import METHODS, available_methods, select
 
 
-def random_pool(seed: int, n_questions: int = 60, n: int = 12, score_kind: str = "probability") -> CandidatePool:
+def random_pool(seed: int, n_questions: int = 60, n: int = 12, score_kind: ScoreKind = "probability") -> CandidatePool:
     """Few distinct answers, scores on a coarse grid (many exact ties), some unanswered candidates,
     ragged step counts; right answers score a little higher on average."""
     rng = np.random.default_rng(seed)
@@ -43,12 +44,12 @@ def random_pool(seed: int, n_questions: int = 60, n: int = 12, score_kind: str =
         correct=correct,
         step_scores=steps,
         n_steps=n_steps.astype(np.int64),
-        score_kind=score_kind,  # type: ignore[arg-type]
+        score_kind=score_kind,
     )
 
 
 @pytest.mark.parametrize(("seed", "score_kind"), [(0, "probability"), (1, "probability"), (2, "reward")])
-def test_vectorized_and_per_question_loop_select_identically(seed: int, score_kind: str) -> None:
+def test_vectorized_and_per_question_loop_select_identically(seed: int, score_kind: ScoreKind) -> None:
     pool = random_pool(seed, score_kind=score_kind)
     fit = fit_calibration(pool.take(np.arange(20)), objective_ns=(4, 12), objective_repeats=2)
     cands = ScoredCandidates.from_pool(pool.take(np.arange(20, 60)))

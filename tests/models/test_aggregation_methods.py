@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.pool import candidate_scores
 

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.calibration import (
     AggregationCalibration,
@@ -14,11 +15,11 @@ from prmloop.models.aggregation.calibration import (
     ScoreTransform,
     fit_calibration,
 )
-from prmloop.models.aggregation.pool import CandidatePool, ScoredCandidates
+from prmloop.models.aggregation.pool import CandidatePool, ScoredCandidates, ScoreKind
 from prmloop.models.aggregation.selection import select
 
 
-def confident_majority_pool(n_questions: int = 30, score_kind: str = "probability") -> CandidatePool:
+def confident_majority_pool(n_questions: int = 30, score_kind: ScoreKind = "probability") -> CandidatePool:
     """Each question: 2 right candidates scored 0.8 and 6 wrong ones scored 0.45, all wrong ones
     agreeing. Majority and vanilla WV (1.6 < 2.7) pick the wrong answer; a zero crossing above 0.45
     (wrong votes count against their answer) picks the right one."""
@@ -36,7 +37,7 @@ def confident_majority_pool(n_questions: int = 30, score_kind: str = "probabilit
         generator="toy",
         prm_name="toy_prm",
         dataset="toy",
-        score_kind=score_kind,  # type: ignore[arg-type]
+        score_kind=score_kind,
     )
 
 

@@ -168,7 +168,7 @@ def test_statements_that_write_attach_or_copy_are_refused(sql: str) -> None:
 def test_reading_files_from_a_select_is_blocked(store: EventStore, tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
-    with pytest.raises(duckdb.Error, match="(?i)external access|permission"):
+    with pytest.raises(duckdb.Error, match=r"(?i)external access|permission"):
         query(store.path, f"SELECT * FROM read_csv('{secret}')")
 
 

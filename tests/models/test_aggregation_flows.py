@@ -1,0 +1,64 @@
+"""The Prefect flow ``calibrate`` on a slice of the real GSM8K pool: it runs fit + evaluation and
+publishes the accuracy table and the report (with both plots) under stable artifact keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def prefect_api() -> Iterator[None]:
+    """A throw-away Prefect API (temporary server and database) for this module's flow runs."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def test_calibrate_flow_publishes_table_and_report_artifacts(
+    prefect_api: None, shared_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, TaskRunFilter
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from prmloop.flows.calibrate import calibrate
+
+    monkeypatch.setenv("PRMLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    # the flow reads the pool itself; a 40-question slice keeps the run short
+    from prmloop.flows import eval_aggregate
+
+    real_load = eval_aggregate.load_pool
+    monkeypatch.setattr(eval_aggregate, "load_pool", lambda *a, **kw: real_load(*a, **{**kw, "limit": 40}))
+
+    result = calibrate(
+        str(shared_data_dir / "bon" / "gsm8k_candidates.jsonl.gz"),
+        ns=[1, 4, 32],
+        subsamples=2,
+        splits=2,
+        calibration_size=15,
+        out_dir=str(tmp_path / "out"),
+    )
+    assert result["artifacts"] == ["aggregation-gsm8k-qwen-prm-min-accuracy", "aggregation-gsm8k-qwen-prm-min-report"]
+    assert result["calibration"]["prm_name"] == "qwen_prm"
+    assert Path(result["files"]["accuracy_png"]).is_file()
+    # every filter field is given: Prefect 3.8.8's client sends None for omitted ones, which its own
+    # server rejects with 422 (Artifact.get fails the same way)
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=result["artifacts"])),
+            flow_run_filter=FlowRunFilter(),
+            task_run_filter=TaskRunFilter(),
+            sort=ArtifactSort.UPDATED_DESC,
+            limit=10,
+            offset=0,
+        )
+    by_key = {a.key: a for a in found}
+    table = by_key.get("aggregation-gsm8k-qwen-prm-min-accuracy")
+    report = by_key.get("aggregation-gsm8k-qwen-prm-min-report")
+    assert table is not None and table.type == "table"
+    assert "Logit WV" in str(table.data)
+    assert report is not None and str(report.data).count("data:image/png;base64,") == 2
