@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from prmloop.flows.eval_aggregate import default_data_dir, load_for_eval
 from prmloop.models.aggregation.calibration import fit_calibration
 from prmloop.models.aggregation.naive import select_naive

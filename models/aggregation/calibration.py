@@ -10,6 +10,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.methods import NO_ANSWER, FloatArray, IntArray
 from prmloop.models.aggregation.pool import (
@@ -19,7 +21,6 @@ from prmloop.models.aggregation.pool import (
     ScoreRule,
     subsample_indices,
 )
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CALIBRATION_SCHEMA_VERSION = 1
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from prmloop.models.aggregation.calibration import AggregationCalibration, fit_calibration
 from prmloop.models.aggregation.pool import CandidatePool, ScoredCandidates, ScoreRule, subsample_indices
 from prmloop.models.aggregation.selection import CALIBRATED_METHODS, METHODS, available_methods, select_all

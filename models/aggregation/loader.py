@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from prmloop.models.aggregation.methods import NO_ANSWER
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind
 

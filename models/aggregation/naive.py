@@ -12,6 +12,7 @@ import bisect
 import math
 
 import numpy as np
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.calibration import AggregationCalibration
 from prmloop.models.aggregation.methods import NO_ANSWER, IntArray

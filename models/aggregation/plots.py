@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.calibration import AggregationCalibration
 from prmloop.models.aggregation.evaluation import AggregationEvaluation

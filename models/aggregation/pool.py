@@ -8,6 +8,7 @@ from typing import Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
+
 from prmloop.models.aggregation.methods import NO_ANSWER, BoolArray, FloatArray, IntArray, as_answers
 
 ScoreRule = Literal["min", "product", "last"]

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
 from prmloop.models.aggregation import methods as m
 from prmloop.models.aggregation.calibration import AggregationCalibration
 from prmloop.models.aggregation.methods import NO_ANSWER, FloatArray, IntArray
