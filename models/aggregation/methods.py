@@ -364,17 +364,19 @@ def optimal_weights(answers: npt.ArrayLike, scores: npt.ArrayLike, correct: npt.
     rows = np.flatnonzero(mixed)
     a_m, valid_m, c_m = ans[rows], valid[rows], c[rows]
     x = np.where(valid_m, logit(p[rows]), 0.0)
+    diff = x[:, :, None] - x[:, None, :]
+    d2 = diff * diff  # shared by both classes' kernels
     log_f = []
     for cls in (valid_m & c_m, valid_m & ~c_m):
         n_c = cls.sum(axis=1)
         mean = np.where(cls, x, 0.0).sum(axis=1) / n_c
         var = np.where(cls, (x - mean[:, None]) ** 2, 0.0).sum(axis=1) / np.maximum(n_c - 1, 1)
-        h = silverman_bandwidth(np.sqrt(var), n_c)[:, None, None]
-        z = (x[:, :, None] - x[:, None, :]) / h
-        log_k = np.where(cls[:, None, :], -0.5 * z * z, -np.inf)
-        top = log_k.max(axis=2, keepdims=True)
-        lse = np.log(np.exp(log_k - top).sum(axis=2)) + top[:, :, 0]
-        log_f.append(lse - np.log(h[:, :, 0]) - np.log(n_c)[:, None])
+        h = silverman_bandwidth(np.sqrt(var), n_c)
+        scale = (-0.5 / (h * h))[:, None, None]
+        d2_c = np.where(cls[:, None, :], d2, np.inf)
+        nearest = d2_c.min(axis=2, keepdims=True)  # the largest kernel term, factored out (log-sum-exp)
+        lse = np.log(np.exp((d2_c - nearest) * scale).sum(axis=2)) + (nearest * scale)[:, :, 0]
+        log_f.append(lse - np.log(h)[:, None] - np.log(n_c)[:, None])
     q_m = (valid_m & c_m).sum(axis=1) / valid_m.sum(axis=1)
     llm = llm_signal_term(q_m, distinct_answers(a_m))
     w[rows] = np.where(valid_m, log_f[0] - log_f[1] + llm[:, None], 1.0)
