@@ -92,11 +92,16 @@ def eval_aggregate(
     splits: int = 5,
     calibration_size: int = 100,
     seed: int = 0,
-    out_dir: str | Path | None = None,
+    out_dir: str | Path | None = "out/aggregate",
     limit: int | None = None,
 ) -> dict[str, Any]:
-    """Evaluate every aggregation method on a pool; returns the evaluation summary plus
-    ``table_markdown`` and the written file paths (``files``; none when ``out_dir`` is ``None``)."""
+    """Evaluate every aggregation method on a pool.
+
+    Returns :meth:`AggregationEvaluation.to_dict` plus ``table`` (one dict per method: ``method``,
+    ``N=1`` ... ``N=32`` as ``"mean ± std"`` percent, ``compute fraction``), ``table_markdown`` and
+    ``files``: PNGs, ``evaluation.json`` and split 0's ``calibration_fit.json`` written under
+    ``out_dir/<dataset>-<prm>-<score rule>/`` (nothing is written when ``out_dir`` is ``None``).
+    """
     loaded = load_for_eval(pool, scores, prm=prm, reference=reference, score_kind=score_kind, limit=limit)
     ev = evaluate_aggregation(
         loaded,
@@ -108,6 +113,8 @@ def eval_aggregate(
         seed=seed,
     )
     result = ev.to_dict()
+    result["table"] = ev.table_rows()
     result["table_markdown"] = ev.markdown()
-    result["files"] = write_outputs(ev, out_dir) if out_dir is not None else {}
+    target = Path(out_dir) / slug(loaded.dataset, loaded.prm_name, score_rule) if out_dir is not None else None
+    result["files"] = write_outputs(ev, target) if target is not None else {}
     return result

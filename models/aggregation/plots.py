@@ -39,6 +39,7 @@ def plot_accuracy_vs_n(ev: AggregationEvaluation, path: str | Path) -> Path:
     """Mean test accuracy (± std over splits) of every method against the budget ``N`` (log2 axis)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # 13+ methods need distinct colours
     for k in ev.methods:
         mu = 100 * np.asarray(ev.mean(k))
         sd = 100 * np.asarray(ev.std(k))
