@@ -167,3 +167,15 @@ def test_scoring_without_a_prompt_is_refused(tiny_backend: TransformersBackend) 
 def test_generate_refuses_a_bare_string(tiny_backend: TransformersBackend) -> None:
     with pytest.raises(TypeError, match="sequence of prompts"):
         tiny_backend.generate("a prompt")
+
+
+def test_bench_generate_compares_wrapper_and_raw_on_the_same_prompts(tiny_backend: TransformersBackend) -> None:
+    from prmloop.flows.bench_generate import bench_generate
+
+    result = bench_generate(True, backend=tiny_backend, n_prompts=2, max_new_tokens=4, n_rollouts=2)
+    assert result["raw_tokens"] == result["wrapper_tokens"] == 8, "same seed and settings: the same tokens"
+    assert result["raw_tokens_per_s"] > 0 and result["wrapper_tokens_per_s"] > 0
+    assert result["wrapper_to_raw_ratio"] == pytest.approx(
+        result["wrapper_tokens_per_s"] / result["raw_tokens_per_s"], rel=1e-2
+    )
+    assert result["batched_rollout_speedup"] > 0
