@@ -5,6 +5,8 @@ the compute fraction and the plots as artifacts with stable keys (history shows 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -13,8 +15,11 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prmloop.flows.eval_aggregate import load_for_eval, slug, write_outputs
+from prmloop.models.aggregation.calibration import AggregationCalibration
 from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluation, evaluate_aggregation
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
+from prmloop.models.aggregation.selection import CALIBRATED_METHODS
+from prmloop.store.events import CalibrationFitted
 
 
 @task(name="load-scored-pool")
@@ -43,6 +48,33 @@ def fit_and_evaluate(
         calibration_size=calibration_size,
         score_rule=score_rule,
         seed=seed,
+    )
+
+
+def calibration_fitted_payload(fit: AggregationCalibration, *, split: str) -> CalibrationFitted:
+    """The ``CalibrationFitted`` payload for a fit: one event per (generator, PRM, score rule) with
+    every calibrated method's parameters; ``AggregationCalibration.model_validate(payload.fit)``
+    restores the record at selection time. ``calibration_id`` is a content hash of what was
+    calibrated on what, so a re-run of the same fit yields the same id."""
+    ident = json.dumps(
+        [
+            fit.schema_version,
+            fit.generator,
+            fit.prm_name,
+            fit.dataset,
+            fit.score_rule,
+            sorted(fit.calibration_question_ids),
+        ]
+    )
+    return CalibrationFitted(
+        calibration_id="cal-" + hashlib.sha256(ident.encode()).hexdigest()[:16],
+        generator=fit.generator,
+        prm=fit.prm_name,
+        score_rule=fit.score_rule,
+        method="+".join(CALIBRATED_METHODS),
+        fit=fit.model_dump(mode="json"),
+        calibration_split=split,
+        metrics=dict(fit.calibration_accuracy),
     )
 
 
@@ -102,8 +134,9 @@ def calibrate(
     """Fit + evaluate aggregation calibration on a scored pool and publish the results.
 
     Returns the evaluation summary (``evaluate_aggregation(...).to_dict()``), the split-0 fit as
-    ``calibration`` (a ``model_dump()``, the payload for a ``CalibrationFitted`` event), written
-    ``files`` and the artifact keys.
+    ``calibration`` (its ``model_dump()``), ``event_payload`` (that fit as a ``CalibrationFitted``
+    payload, ready for ``make_event``; publishing it is the caller's), written ``files`` and the
+    artifact keys.
     """
     logger = get_run_logger()
     # Prefect's Task.__call__ overloads type a sync task's result as a Coroutine under mypy.
@@ -126,6 +159,8 @@ def calibrate(
     logger.info("calibration of %s/%s/%s written to %s", loaded.dataset, loaded.prm_name, score_rule, target)
     result = ev.to_dict()
     result["calibration"] = ev.fits[0].model_dump()
+    split = f"{loaded.dataset}: {calibration_size} random questions, seed {seed} (split 0)"
+    result["event_payload"] = calibration_fitted_payload(ev.fits[0], split=split).model_dump(mode="json")
     result["files"] = files
     result["artifacts"] = keys
     result["table_markdown"] = ev.markdown()

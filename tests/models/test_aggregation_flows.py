@@ -44,6 +44,7 @@ def test_calibrate_flow_publishes_table_and_report_artifacts(
     )
     assert result["artifacts"] == ["aggregation-gsm8k-qwen-prm-min-accuracy", "aggregation-gsm8k-qwen-prm-min-report"]
     assert result["calibration"]["prm_name"] == "qwen_prm"
+    assert result["event_payload"]["event_type"] == "CalibrationFitted"
     assert Path(result["files"]["accuracy_png"]).is_file()
     # every filter field is given: Prefect 3.8.8's client sends None for omitted ones, which its own
     # server rejects with 422 (Artifact.get fails the same way)
@@ -62,3 +63,34 @@ def test_calibrate_flow_publishes_table_and_report_artifacts(
     assert table is not None and table.type == "table"
     assert "Logit WV" in str(table.data)
     assert report is not None and str(report.data).count("data:image/png;base64,") == 2
+
+
+def test_a_fit_becomes_a_calibration_fitted_event_and_back() -> None:
+    import numpy as np
+
+    from prmloop.flows.calibrate import calibration_fitted_payload
+    from prmloop.models.aggregation.calibration import AggregationCalibration, fit_calibration
+    from prmloop.models.aggregation.pool import CandidatePool
+    from prmloop.store.events import make_event
+
+    answers = np.tile(np.array([1, 0, 0, 1, 0, 0]), (12, 1))
+    correct = answers == 1
+    pool = CandidatePool(
+        question_ids=tuple(f"q{i}" for i in range(12)),
+        answers=answers,
+        correct=correct,
+        step_scores=np.where(correct, 0.8, 0.45)[:, :, None],
+        n_steps=np.ones(answers.shape, dtype=np.int64),
+        generator="toy-gen",
+        prm_name="toy-prm",
+        dataset="toy",
+    )
+    fit = fit_calibration(pool, objective_ns=(6,))
+    payload = calibration_fitted_payload(fit, split="toy: all 12 questions")
+    again = calibration_fitted_payload(fit_calibration(pool, objective_ns=(6,)), split="toy: all 12 questions")
+    assert payload.calibration_id == again.calibration_id  # same fit on the same questions, same id
+    event = make_event(payload, producer="calibrate")
+    assert event.event_type == "CalibrationFitted"
+    assert event.correlation_id == payload.calibration_id
+    assert AggregationCalibration.model_validate(payload.fit) == fit
+    assert payload.metrics["logit_wv"] == 1.0
