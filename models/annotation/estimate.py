@@ -1,0 +1,248 @@
+"""The one Monte-Carlo estimator every strategy shares: hard MC and MC-PPL with adaptive sampling.
+
+Hard MC (Math-Shepherd, OmegaPRM; EpicPRM Sec. 2): ``MC(s_t) = M / N``, the fraction of ``N`` rollouts
+from ``s_t`` that reach the gold answer.
+
+MC-PPL (EpicPRM Sec. 3.1.1, Eq. 1-2; UnPRM Eq. 1)::
+
+    PPL(j; s_t, θ_k) = exp{ -(1/L) Σ_i log p_θk(x_i | x_<i) }                                  (1)
+    MC_PPL(s_t, θ_1:K) = (1/K) Σ_k  Σ_{m ∈ correct} log PPL(j; s_t, θ_k) / Σ_{n ∈ all} log PPL(j; s_t, θ_k)   (2)
+
+Two rollout weights are implemented (``weighting``):
+
+- ``"log_ppl"``: the equation as printed, ``w_j = log PPL_j`` (the mean negative log-likelihood). A
+  *less* likely rollout weighs *more*, the opposite of the paper's own motivation ("a correct rollout
+  with an exceptionally low generation probability ... a counting-based method would overestimate").
+- ``"inv_ppl"``: the variant of the papers' public code, ``w_j = exp(mean_i log p(x_i | x_<i)) = 1 / PPL_j``
+  (the geometric-mean token probability), so a more likely rollout weighs more, as the text argues.
+- ``"count"``: ``w_j = 1``, which is hard MC ``M / N``.
+
+Adaptive sampling (EpicPRM Sec. 3.2.2; UnPRM Algorithm 1 lines 14-18): start with ``N0`` rollouts and
+add more "until N_correct >= N_min or reaching N_max" (the papers use 16, 10, 72), per completer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prmloop.models.annotation.completer import AnswerChecker, Completer, Rollout, exact_match
+
+__all__ = [
+    "ADAPTIVE_SAMPLING",
+    "AnnotationAborted",
+    "CostTally",
+    "MCEstimator",
+    "Sampling",
+    "StateEstimate",
+    "Weighting",
+    "mc_ppl",
+    "rollout_weight",
+]
+
+Weighting = Literal["log_ppl", "inv_ppl", "count"]
+_WEIGHTINGS: tuple[str, ...] = ("log_ppl", "inv_ppl", "count")
+
+
+class AnnotationAborted(RuntimeError):
+    """A state could not be estimated (the completer kept failing); the solution is left unlabelled."""
+
+
+def rollout_weight(rollout: Rollout, weighting: Weighting) -> float:
+    """The weight of one rollout in Eq. 2: ``log PPL`` (as printed), ``1/PPL`` (public code) or ``1``."""
+    if weighting == "log_ppl":
+        return rollout.log_ppl
+    if weighting == "inv_ppl":
+        return math.exp(rollout.mean_logprob)
+    if weighting == "count":
+        return 1.0
+    raise ValueError(f"unknown MC weighting {weighting!r}; choose one of {', '.join(_WEIGHTINGS)}")
+
+
+def mc_ppl(per_completer: Sequence[Sequence[tuple[Rollout, bool]]], weighting: Weighting = "inv_ppl") -> float:
+    """EpicPRM Eq. 2: the mean over completers of (weight of correct rollouts) / (weight of all rollouts).
+
+    ``per_completer[k]`` holds completer ``k``'s rollouts with whether each reached the gold answer.
+    With ``weighting="count"`` this is hard MC ``M / N``. A completer whose rollouts all weigh zero
+    (every token had probability 1 under ``"log_ppl"``) falls back to ``M / N``, the limit of Eq. 2.
+    """
+    if not per_completer or any(not rollouts for rollouts in per_completer):
+        raise ValueError("MC_PPL needs at least one rollout from every completer")
+    values = []
+    for rollouts in per_completer:
+        weights = [rollout_weight(r, weighting) for r, _ in rollouts]
+        total = math.fsum(weights)
+        if total > 0.0:
+            values.append(math.fsum(w for w, (_, ok) in zip(weights, rollouts, strict=True) if ok) / total)
+        else:
+            values.append(sum(ok for _, ok in rollouts) / len(rollouts))
+    return math.fsum(values) / len(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How many rollouts one state gets: ``n0`` first, then ``grow_by`` more until ``n_min_correct``
+    correct rollouts or ``n_max`` (EpicPRM Sec. 3.2.2). ``n_min_correct=0`` means a fixed ``n0``."""
+
+    n0: int = 16
+    n_min_correct: int = 10
+    n_max: int = 72
+    grow_by: int = 16
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n0 <= self.n_max or self.grow_by < 1 or self.n_min_correct < 0:
+            raise ValueError(f"sampling needs 1 <= n0 <= n_max, grow_by >= 1 and n_min_correct >= 0; got {self}")
+
+    @classmethod
+    def fixed(cls, n: int) -> Sampling:
+        return cls(n0=n, n_min_correct=0, n_max=n, grow_by=n)
+
+
+#: The papers' adaptive sampling: N0 = 16, N_min = 10, N_max = 72 (EpicPRM Sec. 4.5.1).
+ADAPTIVE_SAMPLING = Sampling()
+
+
+@dataclass(frozen=True, slots=True)
+class StateEstimate:
+    """One MC estimate of the state through step ``step_index`` (0-based; ``-1`` is ``s_0``, the question)."""
+
+    step_index: int
+    value: float
+    rollouts: int
+    correct_rollouts: int
+    weighted: bool
+
+
+@dataclass(slots=True)
+class CostTally:
+    """What annotating one solution cost (EpicPRM Table 2 / UnPRM Table 2 columns, plus failures)."""
+
+    verified_steps: int = 0
+    rollouts: int = 0
+    generated_tokens: int = 0
+    wall_time_s: float = 0.0
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "verified_steps": self.verified_steps,
+            "rollouts": self.rollouts,
+            "generated_tokens": self.generated_tokens,
+            "wall_time_s": self.wall_time_s,
+            "failures": dict(self.failures),
+        }
+
+
+class MCEstimator:
+    """Estimates states of one solution, memoised per state, and keeps its cost ledger.
+
+    Rollouts that hit ``max_tokens`` or whose answer could not be parsed count as incorrect and are
+    tallied under ``failures``; a completer that raises is retried ``max_attempts`` times (each failure
+    tallied as ``completer_error``) before :class:`AnnotationAborted` is raised.
+    """
+
+    def __init__(
+        self,
+        completers: Sequence[Completer],
+        question: str,
+        steps: Sequence[str],
+        gold_answer: str,
+        *,
+        weighting: Weighting = "inv_ppl",
+        checker: AnswerChecker = exact_match,
+        final_state_known_wrong: bool = True,
+        max_attempts: int = 3,
+    ) -> None:
+        if not completers:
+            raise ValueError("MC estimation needs at least one completer")
+        if weighting not in _WEIGHTINGS:
+            raise ValueError(f"unknown MC weighting {weighting!r}; choose one of {', '.join(_WEIGHTINGS)}")
+        self.completers = tuple(completers)
+        self.question = question
+        self.steps = tuple(steps)
+        self.gold_answer = gold_answer
+        self.weighting: Weighting = weighting
+        self.checker = checker
+        self.final_state_known_wrong = final_state_known_wrong
+        self.max_attempts = max_attempts
+        self.ledger = CostTally()
+        self.estimates: list[StateEstimate] = []
+        self._cache: dict[int, StateEstimate] = {}
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    def estimate(self, step_index: int, sampling: Sampling) -> StateEstimate:
+        """MC estimate of ``s = [q; a_0..a_step_index]`` (memoised: a state is never sampled twice).
+
+        The full solution of an incorrect solution states a wrong final answer, which no continuation
+        changes, so with ``final_state_known_wrong`` its value is 0 without any rollout.
+        """
+        if not -1 <= step_index < self.n_steps:
+            raise IndexError(f"step_index {step_index} is outside -1..{self.n_steps - 1}")
+        if step_index in self._cache:
+            return self._cache[step_index]
+        weighted = self.weighting != "count"
+        if step_index == self.n_steps - 1 and self.final_state_known_wrong:
+            result = StateEstimate(step_index, 0.0, 0, 0, weighted)
+        else:
+            prefix = self.steps[: step_index + 1]
+            per_completer = [self._sample(completer, prefix, sampling) for completer in self.completers]
+            result = StateEstimate(
+                step_index=step_index,
+                value=mc_ppl(per_completer, self.weighting),
+                rollouts=sum(len(rs) for rs in per_completer),
+                correct_rollouts=sum(ok for rs in per_completer for _, ok in rs),
+                weighted=weighted,
+            )
+            if step_index >= 0:
+                self.ledger.verified_steps += 1
+        self._cache[step_index] = result
+        self.estimates.append(result)
+        return result
+
+    def _sample(self, completer: Completer, prefix: Sequence[str], sampling: Sampling) -> list[tuple[Rollout, bool]]:
+        graded: list[tuple[Rollout, bool]] = []
+        want = sampling.n0
+        while True:
+            for rollout in self._call(completer, prefix, want):
+                graded.append((rollout, self._grade(rollout)))
+            correct = sum(ok for _, ok in graded)
+            if correct >= sampling.n_min_correct or len(graded) >= sampling.n_max:
+                return graded
+            want = min(sampling.grow_by, sampling.n_max - len(graded))
+
+    def _call(self, completer: Completer, prefix: Sequence[str], n: int) -> list[Rollout]:
+        last_error: Exception | None = None
+        for _ in range(self.max_attempts):
+            try:
+                rollouts = list(completer.complete(self.question, prefix, n))
+            except Exception as error:  # noqa: BLE001 - any engine failure is counted, never fatal
+                self.ledger.failures["completer_error"] += 1
+                last_error = error
+                continue
+            if not rollouts:
+                self.ledger.failures["completer_error"] += 1
+                last_error = RuntimeError("the completer returned no rollouts")
+                continue
+            self.ledger.rollouts += len(rollouts)
+            self.ledger.generated_tokens += sum(r.tokens for r in rollouts)
+            return rollouts
+        raise AnnotationAborted(
+            f"completer {getattr(completer, 'name', completer)!r} failed {self.max_attempts} times on the state "
+            f"after {len(prefix)} step(s) of question {self.question[:60]!r}: {last_error!r}; "
+            "check the model server, then re-run the annotator (labels are idempotent)"
+        )
+
+    def _grade(self, rollout: Rollout) -> bool:
+        if rollout.finish_reason == "length":
+            self.ledger.failures["max_tokens"] += 1
+            return False
+        if rollout.answer is None:
+            self.ledger.failures["unparseable"] += 1
+            return False
+        return self.checker(rollout.answer, self.gold_answer)

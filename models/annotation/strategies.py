@@ -1,0 +1,333 @@
+"""Search strategies that find the first wrong step of an incorrect solution, behind one interface.
+
+Every strategy decides *which* states to estimate; the shared :class:`MCEstimator` decides *how*. Step
+indices are 0-based: the state "through step ``i``" is ``[q; a_0..a_i]``, ``-1`` is ``s_0`` (the
+question alone). Labels follow PRM800K / Math-Shepherd: steps before the first error True, from it on
+False (EpicPRM Sec. 2). Correct solutions are labelled all True without sampling (UnPRM Alg. 1 l. 4-6).
+
+========================  =======================================================  ====================
+name                      decision                                                  paper
+========================  =======================================================  ====================
+``sequential``            first state with no correct rollout (hard MC, N=48)       Math-Shepherd
+``binary``                binary search on "any rollout correct" (hard MC, N=48)    OmegaPRM
+``adaptive_binary``       C(a_t) = MC_PPL(s_t)/MC_PPL(s_0) <= alpha, Eq. 4-5 start  EpicPRM Alg. 1
+``uncertainty_driven``    descending Δu, first MC_PPL(s_i) < tau = MC_PPL(s_0)      UnPRM Alg. 1
+========================  =======================================================  ====================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
+from prmloop.models.annotation.estimate import (
+    ADAPTIVE_SAMPLING,
+    AnnotationAborted,
+    CostTally,
+    MCEstimator,
+    Sampling,
+    StateEstimate,
+    Weighting,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "AdaptiveBinarySearch",
+    "Annotation",
+    "AnnotationStrategy",
+    "BinarySearch",
+    "SequentialSearch",
+    "SolutionToLabel",
+    "UncertaintyDrivenSearch",
+    "annotate",
+    "difficulty_level",
+    "first_midpoint",
+    "labels_from_first_error",
+    "make_strategy",
+]
+
+Status = Literal["labelled", "all_correct", "unresolved", "aborted"]
+
+
+@dataclass(frozen=True, slots=True)
+class SolutionToLabel:
+    """What a strategy needs to know about one sampled solution.
+
+    ``uncertainty_delta[t]`` is Δu of step ``t`` (UnPRM Alg. 1 l. 9, ``u(s_t) - u(s_{t-1})``); only the
+    uncertainty-driven search reads it.
+    """
+
+    question: str
+    steps: tuple[str, ...]
+    gold_answer: str
+    correct: bool
+    uncertainty_delta: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """A strategy's verdict on one solution and everything it cost.
+
+    ``status``: ``labelled``; ``all_correct`` (a correct solution, no sampling); ``unresolved`` (the
+    uncertainty-driven search tried every step and none fell below tau, UnPRM drops such solutions);
+    ``aborted`` (the completer kept failing). The last two carry no labels.
+    ``soft_labels[t]`` is the MC value of the state through step ``t`` where it was estimated.
+    """
+
+    method: str
+    parameters: dict[str, Any]
+    status: Status
+    labels: tuple[bool, ...]
+    first_error_step: int | None
+    soft_labels: tuple[float | None, ...]
+    estimates: tuple[StateEstimate, ...]
+    cost: CostTally
+    error: str | None = None
+
+
+class AnnotationStrategy(Protocol):
+    """One search strategy: which states to estimate, and where the first error is."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def weighting(self) -> Weighting: ...
+
+    def parameters(self) -> dict[str, Any]:
+        """Everything that changes the labels (part of the label's deterministic event id)."""
+        ...
+
+    def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
+        """The 0-based first error step of an incorrect solution, ``None`` when not found."""
+        ...
+
+
+def _params(strategy: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(strategy)
+    out.pop("name", None)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialSearch:
+    """Estimate the states through steps 0, 1, ... and stop at the first with no correct rollout
+    (Math-Shepherd's hard label: "a step is correct if any rollout reaches the gold answer")."""
+
+    n: int = 48
+    weighting: Weighting = "count"
+    name: str = "sequential"
+
+    def parameters(self) -> dict[str, Any]:
+        return _params(self)
+
+    def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
+        sampling = Sampling.fixed(self.n)
+        for step in range(estimator.n_steps):
+            if estimator.estimate(step, sampling).correct_rollouts == 0:
+                return step
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class BinarySearch:
+    """OmegaPRM's binary search on the hard label: the state through ``mid`` is good when any of ``n``
+    rollouts reaches the gold answer; the first bad state's last step is the first error."""
+
+    n: int = 48
+    weighting: Weighting = "count"
+    name: str = "binary"
+
+    def parameters(self) -> dict[str, Any]:
+        return _params(self)
+
+    def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
+        sampling = Sampling.fixed(self.n)
+        left, right = 0, estimator.n_steps - 1
+        while left <= right:
+            mid = (left + right) // 2
+            if estimator.estimate(mid, sampling).correct_rollouts == 0:
+                right = mid - 1
+            else:
+                left = mid + 1
+        return left if left < estimator.n_steps else None
+
+
+def difficulty_level(mc_s0: float) -> int:
+    """EpicPRM Eq. 4: ``d(q_i, θ_1:K) = round(10 * MC_PPL(s_0, θ_1:K))``, 11 levels 0..10 (half rounds up)."""
+    return math.floor(10.0 * mc_s0 + 0.5)
+
+
+def first_midpoint(left: int, right: int, n_steps: int, mc_s0: float) -> int:
+    """EpicPRM Eq. 5, the difficulty-dependent first midpoint, kept inside ``[left, right]``::
+
+    mid = ⌊(l+r)/2⌋ - ⌊Len/4⌋   if d < 2        (hard question: errors come early)
+          ⌊(l+r)/2⌋             if 2 <= d < 6
+          ⌊(l+r)/2⌋ + ⌊Len/4⌋   if d >= 6       (easy question: errors come late)
+    """
+    d = difficulty_level(mc_s0)
+    mid = (left + right) // 2
+    if d < 2:
+        mid -= n_steps // 4
+    elif d >= 6:
+        mid += n_steps // 4
+    return min(max(mid, left), right)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveBinarySearch:
+    """EpicPRM Algorithm 1 (adaptive binary search) with MC-PPL contributions.
+
+    - l. 2: ``V = MC_PPL(s_0)`` with adaptive sampling (16 rollouts, more until 10 correct or 72); the
+      number it took is the question's dynamic sample count for every later state (Sec. 3.2.2).
+    - Eq. 3: ``C(a_t) = MC_PPL(s_t) / MC_PPL(s_0)``; step ``a_t`` is wrong when ``C(a_t) <= alpha``,
+      i.e. ``MC_PPL(s_mid) <= H = alpha * V`` (l. 11).
+    - l. 4-5: the first midpoint follows Eq. 5 when the solution has at least 4 steps.
+    """
+
+    alpha: float = 0.5
+    sampling: Sampling = ADAPTIVE_SAMPLING
+    weighting: Weighting = "inv_ppl"
+    dynamic_start: bool = True
+    name: str = "adaptive_binary"
+
+    def parameters(self) -> dict[str, Any]:
+        return _params(self)
+
+    def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
+        s0 = estimator.estimate(-1, self.sampling)
+        per_state = Sampling.fixed(max(1, s0.rollouts // len(estimator.completers)))
+        threshold = self.alpha * s0.value
+        n_steps = estimator.n_steps
+        left, right, first = 0, n_steps - 1, True
+        while left <= right:
+            if first and self.dynamic_start and n_steps >= 4:
+                mid = first_midpoint(left, right, n_steps, s0.value)
+            else:
+                mid = (left + right) // 2
+            first = False
+            if estimator.estimate(mid, per_state).value <= threshold:
+                right = mid - 1
+            else:
+                left = mid + 1
+        return left if left < n_steps else None
+
+
+@dataclass(frozen=True, slots=True)
+class UncertaintyDrivenSearch:
+    """UnPRM Algorithm 1: try steps by descending Δu (l. 8-12); estimate each with adaptive sampling
+    (l. 14-19); the first whose ``MC_PPL(s_i) < tau`` is the error (l. 20-21), ``tau = tau_scale *
+    MC_PPL(s_0)`` (the paper's tau is ``MC_PPL(s_0)``, ``tau_scale = 1``).
+
+    Unlike a first-error search it finds "the most uncertain erroneous step": when a later wrong step
+    is tried before the first one, the later one is labelled. The paper ranks steps ``t > 1``; here
+    every step with a Δu is ranked (the scorer defines Δu of step 0), so an error in step 0 is found.
+    """
+
+    tau_scale: float = 1.0
+    sampling: Sampling = ADAPTIVE_SAMPLING
+    weighting: Weighting = "inv_ppl"
+    name: str = "uncertainty_driven"
+
+    def parameters(self) -> dict[str, Any]:
+        return _params(self)
+
+    def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
+        deltas = solution.uncertainty_delta
+        if deltas is None or len(deltas) != estimator.n_steps:
+            raise ValueError(
+                f"uncertainty_driven needs one Δu per step ({estimator.n_steps}), got "
+                f"{'none' if deltas is None else len(deltas)}; run the step-uncertainty consumer first "
+                "(StepsScored) or choose adaptive_binary"
+            )
+        tau = self.tau_scale * estimator.estimate(-1, self.sampling).value
+        order = sorted(range(len(deltas)), key=lambda t: -deltas[t])
+        for step in order:
+            if estimator.estimate(step, self.sampling).value < tau:
+                return step
+        return None
+
+
+#: name -> strategy factory (keyword parameters are the dataclass fields).
+STRATEGIES: dict[str, Callable[..., AnnotationStrategy]] = {
+    "sequential": SequentialSearch,
+    "binary": BinarySearch,
+    "adaptive_binary": AdaptiveBinarySearch,
+    "uncertainty_driven": UncertaintyDrivenSearch,
+}
+
+
+def make_strategy(name: str, **parameters: Any) -> AnnotationStrategy:
+    """The registered strategy ``name`` with ``parameters`` (e.g. ``alpha=0.5``)."""
+    try:
+        factory = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(f"unknown annotation strategy {name!r}; choose one of {', '.join(STRATEGIES)}") from None
+    return factory(**parameters)
+
+
+def labels_from_first_error(n_steps: int, first_error_step: int | None) -> tuple[bool, ...]:
+    """Steps before the first error True, from it on False (PRM800K convention; EpicPRM Sec. 2)."""
+    if first_error_step is None:
+        return (True,) * n_steps
+    return tuple(t < first_error_step for t in range(n_steps))
+
+
+def annotate(
+    solution: SolutionToLabel,
+    strategy: AnnotationStrategy,
+    completers: Sequence[Completer],
+    *,
+    checker: AnswerChecker = exact_match,
+    max_attempts: int = 3,
+) -> Annotation:
+    """Label one solution with ``strategy``; never raises for completer failures (status ``aborted``)."""
+    started = time.perf_counter()
+    n_steps = len(solution.steps)
+    params = strategy.parameters()
+    if solution.correct:
+        return Annotation(
+            strategy.name, params, "all_correct", (True,) * n_steps, None, (None,) * n_steps, (), CostTally()
+        )
+    if n_steps == 0:
+        raise ValueError(f"an incorrect solution needs at least one step to label; question {solution.question!r}")
+    estimator = MCEstimator(
+        completers,
+        solution.question,
+        solution.steps,
+        solution.gold_answer,
+        weighting=strategy.weighting,
+        checker=checker,
+        max_attempts=max_attempts,
+    )
+    status: Status = "labelled"
+    error: str | None = None
+    first_error: int | None = None
+    try:
+        first_error = strategy.search(solution, estimator)
+        if first_error is None:
+            status = "unresolved"
+    except AnnotationAborted as aborted:
+        status, error = "aborted", str(aborted)
+    estimator.ledger.wall_time_s = time.perf_counter() - started
+    soft: list[float | None] = [None] * n_steps
+    for estimate in estimator.estimates:
+        if estimate.step_index >= 0:
+            soft[estimate.step_index] = estimate.value
+    labels = labels_from_first_error(n_steps, first_error) if status == "labelled" else ()
+    return Annotation(
+        method=strategy.name,
+        parameters=params,
+        status=status,
+        labels=labels,
+        first_error_step=first_error if status == "labelled" else None,
+        soft_labels=tuple(soft),
+        estimates=tuple(estimator.estimates),
+        cost=estimator.ledger,
+        error=error,
+    )

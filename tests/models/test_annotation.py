@@ -1,0 +1,249 @@
+"""The annotation algorithms on hand-computed cases (EpicPRM Eq. 1-5 and Algorithm 1, UnPRM Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import pytest
+
+from prmloop.models.annotation.completer import Rollout
+from prmloop.models.annotation.estimate import MCEstimator, Sampling, mc_ppl
+from prmloop.models.annotation.strategies import (
+    STRATEGIES,
+    AdaptiveBinarySearch,
+    BinarySearch,
+    SequentialSearch,
+    SolutionToLabel,
+    UncertaintyDrivenSearch,
+    annotate,
+    difficulty_level,
+    first_midpoint,
+    labels_from_first_error,
+    make_strategy,
+)
+
+GOLD = "42"
+
+
+def _rollout(correct: bool, mean_logprob: float, tokens: int = 4) -> Rollout:
+    return Rollout(GOLD if correct else "7", tokens, mean_logprob * tokens)
+
+
+class ScriptedCompleter:
+    """From the state through ``m`` steps, the first ``floor(p[m] * n)`` of every batch are correct."""
+
+    name = "scripted"
+
+    def __init__(self, success: Sequence[float], tokens: int = 5) -> None:
+        self.success = success
+        self.tokens = tokens
+        self.calls: list[tuple[int, int]] = []
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        self.calls.append((len(steps), n))
+        k = math.floor(self.success[len(steps)] * n + 1e-9)
+        return [Rollout(GOLD if j < k else "0", self.tokens, -0.5 * self.tokens) for j in range(n)]
+
+
+def _solution(n_steps: int, deltas: Sequence[float] | None = None, correct: bool = False) -> SolutionToLabel:
+    steps = tuple(f"step {t}" for t in range(n_steps))
+    return SolutionToLabel("q", steps, GOLD, correct, None if deltas is None else tuple(deltas))
+
+
+def test_mc_ppl_as_printed_weighs_each_rollout_by_its_log_perplexity() -> None:
+    # log PPL = -mean log p: 1.0 (correct), 0.5 (wrong), 0.25 (correct) -> (1 + 0.25) / 1.75
+    rollouts = [(_rollout(True, -1.0), True), (_rollout(False, -0.5), False), (_rollout(True, -0.25), True)]
+    assert mc_ppl([rollouts], "log_ppl") == pytest.approx(1.25 / 1.75)
+
+
+def test_mc_ppl_public_code_variant_weighs_each_rollout_by_inverse_perplexity() -> None:
+    rollouts = [(_rollout(True, -1.0), True), (_rollout(False, -0.5), False), (_rollout(True, -0.25), True)]
+    weights = [math.exp(-1.0), math.exp(-0.5), math.exp(-0.25)]
+    assert mc_ppl([rollouts], "inv_ppl") == pytest.approx((weights[0] + weights[2]) / sum(weights))
+
+
+def test_mc_ppl_count_weighting_is_hard_mc() -> None:
+    rollouts = [(_rollout(True, -1.0), True), (_rollout(False, -0.5), False), (_rollout(True, -0.25), True)]
+    assert mc_ppl([rollouts], "count") == pytest.approx(2 / 3)
+
+
+def test_mc_ppl_averages_over_completers() -> None:
+    first = [(_rollout(True, -1.0), True), (_rollout(False, -0.5), False), (_rollout(True, -0.25), True)]
+    second = [(_rollout(True, -0.5), True), (_rollout(False, -0.5), False)]
+    assert mc_ppl([first, second], "log_ppl") == pytest.approx((1.25 / 1.75 + 0.5) / 2)
+
+
+def test_adaptive_sampling_grows_until_enough_correct_rollouts() -> None:
+    # 25% success: 16 -> 4 correct, 32 -> 8, 48 -> 12 >= 10, stop.
+    completer = ScriptedCompleter([0.25, 0.25])
+    estimator = MCEstimator([completer], "q", ["a"], GOLD)
+    estimate = estimator.estimate(-1, Sampling())
+    assert (estimate.rollouts, estimate.correct_rollouts) == (48, 12)
+    assert completer.calls == [(0, 16), (0, 16), (0, 16)]
+
+
+def test_adaptive_sampling_stops_at_n_max() -> None:
+    completer = ScriptedCompleter([0.0, 0.0])
+    estimate = MCEstimator([completer], "q", ["a"], GOLD).estimate(-1, Sampling())
+    assert estimate.rollouts == 72
+    assert [n for _, n in completer.calls] == [16, 16, 16, 16, 8]
+
+
+def test_a_state_is_estimated_once() -> None:
+    completer = ScriptedCompleter([0.5, 0.5, 0.0])
+    estimator = MCEstimator([completer], "q", ["a", "b"], GOLD)
+    estimator.estimate(0, Sampling.fixed(10))
+    estimator.estimate(0, Sampling.fixed(10))
+    assert len(completer.calls) == 1
+    assert estimator.ledger.verified_steps == 1
+
+
+def test_difficulty_level_is_eq4() -> None:
+    assert [difficulty_level(v) for v in (0.0, 0.14, 0.15, 0.55, 1.0)] == [0, 1, 2, 6, 10]
+
+
+def test_first_midpoint_follows_eq5() -> None:
+    # l=0, r=9, Len=10: floor(9/2) = 4, floor(10/4) = 2
+    assert first_midpoint(0, 9, 10, mc_s0=0.1) == 2  # d=1 < 2: earlier
+    assert first_midpoint(0, 9, 10, mc_s0=0.3) == 4  # 2 <= d < 6
+    assert first_midpoint(0, 9, 10, mc_s0=0.54) == 4  # d=5
+    assert first_midpoint(0, 9, 10, mc_s0=0.55) == 6  # d=6: later
+    assert first_midpoint(0, 3, 4, mc_s0=0.0) == 0  # 1 - 1
+
+
+def test_contribution_at_alpha_is_an_error_and_above_alpha_is_not() -> None:
+    # V = MC(s_0) = 0.8; H = 0.5 * 0.8 = 0.4. Step 0's state at 0.4 (C = 0.5 <= alpha): step 0 is wrong.
+    strategy = AdaptiveBinarySearch(sampling=Sampling.fixed(10), weighting="count")
+    at_alpha = annotate(_solution(2), strategy, [ScriptedCompleter([0.8, 0.4, 0.0])])
+    assert at_alpha.first_error_step == 0
+    # ... at 0.5 (C = 0.625 > alpha) step 0 is right and the (known-wrong) last step is the error.
+    above = annotate(_solution(2), strategy, [ScriptedCompleter([0.8, 0.5, 0.0])])
+    assert above.first_error_step == 1
+    assert above.labels == (True, False)
+
+
+def test_adaptive_binary_search_walks_algorithm_1_from_the_eq5_midpoint() -> None:
+    # 10 steps, first error at step 2 (states through steps >= 2 fail); V = 0.9, d = 9: start at 4 + 2 = 6.
+    success = [0.9, 0.9, 0.9] + [0.1] * 8
+    result = annotate(_solution(10), AdaptiveBinarySearch(sampling=Sampling.fixed(10)), [ScriptedCompleter(success)])
+    assert [e.step_index for e in result.estimates] == [-1, 6, 2, 0, 1]
+    assert result.first_error_step == 2
+    assert result.labels == (True, True) + (False,) * 8
+    assert (result.cost.verified_steps, result.cost.rollouts, result.cost.generated_tokens) == (4, 50, 250)
+
+
+def test_adaptive_binary_search_uses_the_s0_sample_count_for_later_states() -> None:
+    completer = ScriptedCompleter([0.25] * 5)
+    annotate(_solution(4), AdaptiveBinarySearch(), [completer])
+    assert completer.calls[:3] == [(0, 16)] * 3
+    assert all(n == 48 for m, n in completer.calls[3:])
+
+
+def test_uncertainty_driven_tries_steps_by_descending_delta_u_and_labels_the_first_below_tau() -> None:
+    # Δu order: 2, 3, 1, 0, 4. The true first error is step 3; step 2's state keeps MC = tau (not below).
+    success = [0.5, 0.6, 0.6, 0.5, 0.0, 0.0]
+    result = annotate(
+        _solution(5, [0.1, 0.5, 2.0, 1.0, -1.0]),
+        UncertaintyDrivenSearch(sampling=Sampling.fixed(10)),
+        [ScriptedCompleter(success)],
+    )
+    assert [e.step_index for e in result.estimates] == [-1, 2, 3]
+    assert result.first_error_step == 3
+    assert result.labels == (True, True, True, False, False)
+
+
+def test_uncertainty_driven_labels_the_most_uncertain_wrong_step_not_the_first() -> None:
+    # True first error at step 1, but step 2 has the largest Δu and is also wrong: UnPRM labels step 2.
+    success = [0.5, 0.6, 0.0, 0.0, 0.0, 0.0]
+    result = annotate(
+        _solution(5, [0.1, 0.5, 2.0, 1.0, -1.0]),
+        UncertaintyDrivenSearch(sampling=Sampling.fixed(10)),
+        [ScriptedCompleter(success)],
+    )
+    assert result.first_error_step == 2
+    assert result.labels == (True, True, False, False, False)
+
+
+def test_uncertainty_driven_without_delta_u_says_what_to_run() -> None:
+    with pytest.raises(ValueError, match="step-uncertainty consumer"):
+        annotate(_solution(3), UncertaintyDrivenSearch(), [ScriptedCompleter([0.5] * 4)])
+
+
+def test_sequential_search_stops_at_the_first_state_without_a_correct_rollout() -> None:
+    # Step 2's state has 1/48 correct (self-correction): hard MC calls it right; step 3's has none.
+    success = [0.5, 0.5, 0.5, 1 / 48, 0.0, 0.0]
+    completer = ScriptedCompleter(success)
+    result = annotate(_solution(5), SequentialSearch(), [completer])
+    assert result.first_error_step == 3
+    assert [m for m, _ in completer.calls] == [1, 2, 3, 4]
+    assert result.cost.rollouts == 4 * 48
+
+
+def test_binary_search_halves_on_the_hard_label() -> None:
+    success = [0.5] * 4 + [0.0] * 6  # states through steps >= 3 fail
+    result = annotate(_solution(9), BinarySearch(), [ScriptedCompleter(success)])
+    assert [e.step_index for e in result.estimates] == [4, 1, 2, 3]
+    assert result.first_error_step == 3
+
+
+def test_correct_solutions_are_all_true_without_sampling() -> None:
+    completer = ScriptedCompleter([0.5] * 4)
+    for name in STRATEGIES:
+        result = annotate(_solution(3, [0.0] * 3, correct=True), make_strategy(name), [completer])
+        assert (result.status, result.labels, result.cost.rollouts) == ("all_correct", (True,) * 3, 0)
+    assert completer.calls == []
+
+
+class FlakyCompleter(ScriptedCompleter):
+    def __init__(self, success: Sequence[float], failures: int) -> None:
+        super().__init__(success)
+        self.failures = failures
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("engine down")
+        return super().complete(question, steps, n)
+
+
+def test_a_completer_error_is_retried_and_counted() -> None:
+    result = annotate(_solution(3), SequentialSearch(n=4), [FlakyCompleter([0.5, 0.5, 0.0, 0.0], failures=1)])
+    assert result.status == "labelled"
+    assert result.first_error_step == 1
+    assert result.cost.failures["completer_error"] == 1
+
+
+def test_a_completer_that_keeps_failing_aborts_the_solution_without_raising() -> None:
+    result = annotate(_solution(3), SequentialSearch(n=4), [FlakyCompleter([0.5] * 4, failures=100)])
+    assert result.status == "aborted"
+    assert result.labels == ()
+    assert result.cost.failures["completer_error"] == 3
+    assert result.error is not None and "re-run" in result.error
+
+
+class TruncatingCompleter:
+    name = "truncating"
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        return [Rollout(None, 100, -10.0, "length"), Rollout(None, 3, -1.0, "stop")] + [
+            Rollout(GOLD, 3, -1.0) for _ in range(n - 2)
+        ]
+
+
+def test_truncated_and_unparseable_rollouts_count_as_wrong_and_are_tallied() -> None:
+    estimator = MCEstimator([TruncatingCompleter()], "q", ["a", "b"], GOLD, weighting="count")
+    estimate = estimator.estimate(0, Sampling.fixed(4))
+    assert (estimate.value, estimate.correct_rollouts) == (0.5, 2)
+    assert dict(estimator.ledger.failures) == {"max_tokens": 1, "unparseable": 1}
+    assert estimator.ledger.generated_tokens == 100 + 3 * 3
+
+
+def test_labels_follow_the_first_error() -> None:
+    assert labels_from_first_error(4, 2) == (True, True, False, False)
+    assert labels_from_first_error(2, None) == (True, True)
+
+
+def test_an_unknown_strategy_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="adaptive_binary"):
+        make_strategy("nope")
