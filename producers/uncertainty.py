@@ -102,6 +102,8 @@ def split_by_offsets(token_logprobs: Sequence[float], step_token_offsets: Sequen
     """
     n = len(token_logprobs)
     offsets = list(step_token_offsets)
+    if not offsets:
+        return []
     for a, b in itertools.pairwise(offsets):
         if b < a:
             raise ValueError(f"step_token_offsets must not decrease, got {offsets}")

@@ -66,6 +66,10 @@ def test_step_uncertainty_uses_each_steps_own_tokens() -> None:
     assert split_by_offsets(logprobs, offsets)[0] == (-1.0, -1.0)
 
 
+def test_a_solution_without_steps_has_no_step_uncertainty() -> None:
+    assert step_uncertainty([-1.0, -2.0], []) == ()
+
+
 def test_offsets_that_decrease_or_overrun_are_rejected() -> None:
     with pytest.raises(ValueError, match="must not decrease"):
         split_by_offsets([-1.0] * 4, [2, 1])
