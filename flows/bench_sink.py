@@ -164,7 +164,7 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
     reader_thread = threading.Thread(target=reader, daemon=True)
     reader_thread.start()
     with EventProducer(servers, linger_ms=0) as producer:
-        per_tick = max(1, rate // 100)
+        per_tick = max(1, rate // 20)
         start = time.perf_counter()
         for i in range(0, len(events), per_tick):
             target = start + i / rate

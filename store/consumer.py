@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -89,6 +89,7 @@ class ConsumerRuntime:
         backoff_max_s: float = 30.0,
         max_poll_interval_ms: int = 10_000,
         session_timeout_ms: int = 10_000,
+        pause_after_s: float = 1.0,
         dlq_producer: EventProducer | None = None,
         name: str | None = None,
     ) -> None:
@@ -100,6 +101,7 @@ class ConsumerRuntime:
         self.max_wait_s = max_wait_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.pause_after_s = pause_after_s
         self.name = name or group_id
         self.stats = RuntimeStats()
         self._stop = threading.Event()
@@ -264,11 +266,14 @@ class ConsumerRuntime:
     def _wait_polling(self, future: Future[Any]) -> None:
         """Keep the group membership while the worker thread works.
 
-        The main thread keeps polling: it prefetches up to one more batch (so fast handlers overlap
-        with fetching), then pauses every partition and polls only to stay in the group. Slow
-        handlers (MC rollouts) therefore hold at most one batch in memory, whatever the backlog.
+        The main thread keeps polling: it prefetches up to one more batch, so quick handlers (the
+        sink) overlap with fetching. Once the handler has run longer than ``pause_after_s`` (MC
+        rollouts), every partition is paused and polling continues only to stay in the group, so a
+        slow service holds at most one batch in memory whatever the backlog. Pausing only then
+        matters: kafka-python drops the fetched-ahead records of a paused partition.
         """
         paused: set[TopicPartition] = set()
+        started = time.monotonic()
         try:
             while not future.done():
                 room = self.max_batch - len(self._prefetched)
@@ -276,6 +281,9 @@ class ConsumerRuntime:
                     polled = self._consumer.poll(timeout_ms=20, max_records=room)
                     for recs in polled.values():
                         self._prefetched.extend(recs)
+                    continue
+                if time.monotonic() - started < self.pause_after_s:
+                    wait([future], timeout=0.02)
                     continue
                 polled = self._consumer.poll(timeout_ms=50)
                 # Partitions assigned by a rebalance are not paused yet: give back what they returned.

@@ -33,8 +33,8 @@ PRODUCER = "prmloop-synthetic/0.1.0"
 GENERATOR = ModelRef(backend="transformers", name="SmolLM2-135M-Instruct")
 
 
-def question_events(q: int, k: int, rng: random.Random, t0: datetime) -> Iterator[Envelope]:
-    qid = f"synthetic-{q:06d}"
+def question_events(q: int, k: int, rng: random.Random, t0: datetime, seed: int = 0) -> Iterator[Envelope]:
+    qid = f"synthetic-{seed}-{q:06d}"
     gold = str(rng.randint(1, 500))
     when = t0 + timedelta(seconds=q)
     reg = QuestionRegistered(question_id=qid, dataset="synthetic", problem=f"What is {gold} + 0?", gold_answer=gold)
@@ -153,6 +153,6 @@ def synthetic_events(n: int, *, k: int = 8, seed: int = 0) -> list[Envelope]:
     out: list[Envelope] = []
     q = 0
     while len(out) < n:
-        out.extend(question_events(q, k, rng, t0))
+        out.extend(question_events(q, k, rng, t0, seed))
         q += 1
     return out[:n]
