@@ -29,6 +29,8 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks; each prints one JSON line.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+eval_app = typer.Typer(help="Evaluations on the shared data sets.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
 
 err = Console(stderr=True)
 
@@ -202,6 +204,104 @@ def bench_sink_cmd(
 
     result = bench_sink(n=10_000 if quick else n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
     typer.echo(json.dumps(result))
+
+
+@bench_app.command("generate")
+def bench_generate_cmd(
+    quick: Annotated[bool, typer.Option(help="4 prompts x 32 tokens, one repeat")] = False,
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice)")] = None,
+    seed: int = 0,
+) -> None:
+    """Tokens/s of the backend wrapper vs the raw engine call, and batched vs one-at-a-time rollouts."""
+    from prmloop.flows.bench_generate import bench_generate
+
+    typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
+
+
+@bench_app.command("annotate")
+def bench_annotate_cmd(
+    n_solutions: Annotated[int, typer.Option(help="simulated incorrect solutions")] = 800,
+    quick: Annotated[bool, typer.Option(help="100 solutions")] = False,
+    correlation: Annotated[float, typer.Option(help="how strongly step uncertainty marks the first error")] = 0.7,
+    seed: int = 0,
+) -> None:
+    """Every annotation strategy on the same simulated solutions: accuracy and cost."""
+    from prmloop.flows.bench_annotate import bench_annotate
+
+    typer.echo(json.dumps(bench_annotate(n_solutions=n_solutions, quick=quick, correlation=correlation, seed=seed)))
+
+
+@bench_app.command("aggregate")
+def bench_aggregate_cmd(
+    pool: Annotated[Path | None, typer.Option(help="Best-of-N pool (default: the GSM8K pool)")] = None,
+    scores: Annotated[Path | None, typer.Option(help="step scores file (default: beside the pool)")] = None,
+    prm: str = "qwen_prm",
+    score_rule: Annotated[str, typer.Option(help="min, product or last")] = "min",
+    repeats: int = 5,
+) -> None:
+    """All aggregation methods on a 500 x 32 pool: vectorized vs a per-question Python loop."""
+    from prmloop.flows.bench_aggregate import bench_aggregate
+
+    result = bench_aggregate(pool, scores, prm=prm, score_rule=score_rule, repeats=repeats)
+    result.pop("per_method", None)
+    typer.echo(json.dumps(result))
+
+
+@eval_app.command("aggregate")
+def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
+    pool: Annotated[Path, typer.Option(help="Best-of-N pool, e.g. ../shared/data/bon/gsm8k_candidates.jsonl.gz")],
+    scores: Annotated[Path | None, typer.Option(help="step scores (default: step_scores/<prm>_<dataset>)")] = None,
+    prm: str = "qwen_prm",
+    reference: Annotated[Path | None, typer.Option(help="gold answers to re-grade against (MATH-500)")] = None,
+    score_rule: Annotated[str, typer.Option(help="min, product or last")] = "min",
+    score_kind: Annotated[str | None, typer.Option(help="probability or reward (default: by PRM)")] = None,
+    ns: Annotated[str, typer.Option(help="comma-separated budgets N")] = "1,2,4,8,16,32",
+    subsamples: int = 50,
+    splits: int = 5,
+    calibration_size: int = 100,
+    seed: int = 0,
+    out_dir: Annotated[Path, typer.Option(help="where PNGs and JSON go")] = Path("out/aggregate"),
+    as_json: Annotated[bool, typer.Option("--json", help="print the whole result as JSON")] = False,
+) -> None:
+    """Accuracy of every aggregation method at each N, and the compute fraction of calibrated methods."""
+    from prmloop.flows.eval_aggregate import eval_aggregate
+
+    result = eval_aggregate(
+        pool,
+        scores,
+        prm=prm,
+        reference=reference,
+        score_rule=score_rule,
+        score_kind=score_kind,
+        ns=tuple(int(n) for n in ns.split(",")),
+        subsamples=subsamples,
+        splits=splits,
+        calibration_size=calibration_size,
+        seed=seed,
+        out_dir=out_dir,
+    )
+    if as_json:
+        typer.echo(json.dumps(result, default=str))
+        return
+    typer.echo(result["table_markdown"])
+    for name, path in result.get("files", {}).items():
+        err.print(f"{name}: {path}")
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
+    host: str = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
+    device: str = "cpu",
+    num_threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Serve a model over an OpenAI-compatible /v1/completions API (with log-probs) for CPU nodes."""
+    from prmloop.models.serve import serve as run_server
+
+    err.print(f"serving {model} on http://{host}:{port}/v1 (Ctrl-C stops)")
+    run_server(model, host=host, port=port, device=device, num_threads=num_threads)
 
 
 def main() -> None:
