@@ -35,7 +35,7 @@ from typing import Any
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.transformers_backend import TransformersBackend
 
-__all__ = ["CompletionServer", "main", "serve_in_thread"]
+__all__ = ["CompletionServer", "main", "make_http_server", "serve", "serve_in_thread"]
 
 logger = logging.getLogger(__name__)
 
@@ -269,8 +269,40 @@ def serve_in_thread(
     return httpd, f"http://{bound_host!s}:{bound_port}/v1"
 
 
+def serve(
+    model: str = "smollm2",
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    gguf_file: str | None = None,
+    served_model_name: str | None = None,
+    device: str = "cpu",
+    dtype: str = "float32",
+    max_batch_size: int = 64,
+    num_threads: int | None = None,
+) -> None:
+    """Load ``model`` and serve it until interrupted (what ``prmloop serve`` calls)."""
+    backend = TransformersBackend.from_pretrained(
+        model,
+        device=device,
+        dtype=dtype,
+        gguf_file=gguf_file,
+        max_batch_size=max_batch_size,
+        num_threads=num_threads,
+    )
+    httpd = make_http_server(CompletionServer(backend, served_model_name), host, port)
+    bound_host, bound_port = httpd.server_address[:2]
+    logger.info("serving %s at http://%s:%s/v1", served_model_name or backend.model_name, bound_host, bound_port)
+    try:
+        httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: serve a model until interrupted (``prmloop serve`` wires this)."""
+    """``python -m prmloop.models.serve``: command-line front end of :func:`serve`."""
     parser = argparse.ArgumentParser(description="OpenAI-compatible /v1/completions server (transformers backend)")
     parser.add_argument("--model", default="smollm2", help="'smollm2' (embedded GGUF), a local folder or hub id")
     parser.add_argument("--gguf-file", default=None, help="GGUF file name inside --model's folder")
@@ -280,20 +312,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    backend = TransformersBackend.from_pretrained(
-        args.model, device=args.device, dtype=args.dtype, gguf_file=args.gguf_file, max_batch_size=args.max_batch_size
+    serve(
+        args.model,
+        host=args.host,
+        port=args.port,
+        gguf_file=args.gguf_file,
+        served_model_name=args.served_model_name,
+        device=args.device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        num_threads=args.num_threads,
     )
-    httpd = make_http_server(CompletionServer(backend, args.served_model_name), args.host, args.port)
-    host, port = httpd.server_address[:2]
-    logger.info("serving %s at http://%s:%s/v1", args.served_model_name or backend.model_name, host, port)
-    try:
-        httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        httpd.server_close()
 
 
 if __name__ == "__main__":

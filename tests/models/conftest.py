@@ -70,7 +70,9 @@ def tiny_backend(smollm2_tokenizer: PreTrainedTokenizerBase) -> TransformersBack
         model.model.embed_tokens.weight.mul_(8.0)
     # Defaults like a hub model's: the backend must override them (they would distort log-probs).
     model.generation_config.update(do_sample=True, temperature=0.6, top_k=50, top_p=0.95, repetition_penalty=1.3)
-    return TransformersBackend(model, smollm2_tokenizer, model_name="tiny-random-llama", max_batch_size=16)
+    return TransformersBackend(
+        model, smollm2_tokenizer, model_name="tiny-random-llama", max_batch_size=16, num_threads=1
+    )
 
 
 @pytest.fixture(scope="session")
@@ -78,4 +80,5 @@ def smollm2_backend() -> TransformersBackend:
     """The real embedded SmolLM2-135M-Instruct (GGUF de-quantised to float32; about 12 s to load)."""
     from prmloop.models.backends.transformers_backend import TransformersBackend
 
-    return TransformersBackend.from_pretrained("smollm2", max_batch_size=16)
+    # One thread: the CPUs here are shared, and oversubscribed torch threads decode ten times slower.
+    return TransformersBackend.from_pretrained("smollm2", max_batch_size=16, num_threads=1)
