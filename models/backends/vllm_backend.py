@@ -102,9 +102,10 @@ class VLLMBackend:
         if model == "smollm2":
             from prmloop.models.backends.embedded import smollm2_gguf_path
 
+            # vLLM's GGUF support is experimental; it converts the tokenizer from the file itself
+            # (its default when ``tokenizer`` is the model path). On GPUs prefer a hub checkpoint.
             path = smollm2_gguf_path()
             model = str(path)
-            engine_options.setdefault("tokenizer", str(path.parent))
             name = f"smollm2:{path.stem}"
         llm = vllm.LLM(
             model=model,
