@@ -47,7 +47,10 @@ class SamplingParams(BaseModel):
     stop: tuple[str, ...] = Field(
         default=(), description="strings that end a completion; the text stops before the first one"
     )
-    seed: int | None = Field(default=None, description="seed for reproducible sampling (None = not seeded)")
+    seed: int | None = Field(
+        default=None,
+        description="seed that makes one call reproducible (None = not seeded); vary it across calls",
+    )
 
     @property
     def greedy(self) -> bool:

@@ -207,6 +207,18 @@ class TransformersBackend:
         finally:
             torch.set_num_threads(previous)
 
+    @contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed torch for one call and restore the global RNG state afterwards (``None``: unseeded)."""
+        if seed is None:
+            yield
+            return
+        torch = _torch()
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
     @property
     def device(self) -> torch.device:
         device: torch.device = self.model.device
@@ -235,9 +247,7 @@ class TransformersBackend:
         results: list[list[Completion]] = [[] for _ in prompts]
         # Greedy copies are identical: decode each prompt once and repeat the (immutable) result.
         n_engine = 1 if params.greedy else params.n
-        with self._lock, self._threads():
-            if params.seed is not None:
-                _torch().manual_seed(params.seed)
+        with self._lock, self._threads(), self._seeded(params.seed):
             for indices, copies in self._batches(len(prompts), n_engine):
                 batch = self._generate_batch([list(prompts[i]) for i in indices], copies, params)
                 for i, completions in zip(indices, batch, strict=True):
@@ -277,10 +287,10 @@ class TransformersBackend:
         return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def generation_kwargs(self, params: SamplingParams, copies: int, prompt_width: int) -> dict[str, Any]:
-        """``model.generate`` keyword arguments for ``params`` (also used by the raw-engine benchmark).
+        """``model.generate`` keyword arguments for ``params``.
 
-        The model's own generation config is copied with every sampling warper switched off; the
-        warpers for ``params`` are passed as ``logits_processor`` so that they run *after* the
+        A fresh generation config with neutral sampling values switches every built-in warper off;
+        the warpers for ``params`` are passed as ``logits_processor`` so that they run *after* the
         log-probability recorder (custom processors are appended after the built-in ones).
         """
         from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper

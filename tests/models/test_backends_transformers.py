@@ -64,6 +64,14 @@ def test_the_same_seed_reproduces_the_same_samples(tiny_backend: TransformersBac
     assert [[c.token_ids for c in cs] for cs in first] != [[c.token_ids for c in cs] for cs in other]
 
 
+def test_a_seeded_call_leaves_the_global_random_state_alone(tiny_backend: TransformersBackend) -> None:
+    import torch
+
+    state = torch.get_rng_state()
+    tiny_backend.generate(PROMPTS[:1], SamplingParams(max_new_tokens=3, seed=99))
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_greedy_decoding_is_deterministic_without_a_seed(tiny_backend: TransformersBackend) -> None:
     params = SamplingParams(n=3, max_new_tokens=8, temperature=0.0)
     [completions] = tiny_backend.generate(PROMPTS[:1], params)
