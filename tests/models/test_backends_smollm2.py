@@ -7,6 +7,10 @@ generation to a few dozen tokens.
 from __future__ import annotations
 
 import importlib.metadata
+import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -97,3 +101,27 @@ def test_smollm2_served_over_http_returns_the_same_logprobs(
     assert _forward_max_diff(smollm2_backend, prompt, remote) < 1e-4
     [scored] = smollm2_client.score([(prompt, remote.text)])
     assert scored.prompt_tokens == len(smollm2_backend.encode_prompt(prompt))
+
+
+@pytest.mark.integration
+def test_the_server_command_serves_smollm2_on_a_free_port(smollm2_backend: TransformersBackend) -> None:
+    command = [sys.executable, "-m", "prmloop.models.serve", "--port", "0", "--num-threads", "1"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        deadline = time.monotonic() + 180
+        url = None
+        while url is None and time.monotonic() < deadline:
+            line = process.stderr.readline()
+            if not line:
+                break
+            match = re.search(r"serving .* at (http://\S+/v1)", line)
+            url = match.group(1) if match else None
+        assert url is not None, "the server never reported its address"
+        prompt = render_chat(smollm2_backend.tokenizer, [{"role": "user", "content": "Say hi."}])
+        with OpenAICompatibleBackend(smollm2_backend.model_name, base_url=url) as client:
+            [completion] = client.rollouts(prompt, 1, SamplingParams(max_new_tokens=4, seed=0))
+        assert _forward_max_diff(smollm2_backend, prompt, completion) < 1e-4
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
