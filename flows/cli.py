@@ -183,13 +183,15 @@ def reconcile(db: DbOption = None) -> None:
 
 @app.command()
 def demo(
-    events: Annotated[int, typer.Option(help="synthetic events to publish")] = 20_000,
+    questions: Annotated[int, typer.Option(help="GSM8K questions to sample with SmolLM2")] = 3,
+    k: Annotated[int, typer.Option("-k", help="solutions per question")] = 4,
+    synthetic: Annotated[int, typer.Option(help="synthetic label events to publish as well")] = 5_000,
     db: DbOption = None,
 ) -> None:
-    """The main job on embedded defaults: broker, sink, publish, query (the furthest working part)."""
+    """The main job on embedded defaults: broker, sink, sample (Prefect flow), store, query."""
     from prmloop.flows.demo import run_demo
 
-    run_demo(n_events=events, db_path=db)
+    run_demo(n_events=synthetic, db_path=db, questions=questions, k=k)
 
 
 @bench_app.command("sink")
@@ -287,6 +289,56 @@ def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     typer.echo(result["table_markdown"])
     for name, path in result.get("files", {}).items():
         err.print(f"{name}: {path}")
+
+
+@app.command()
+def sample(  # noqa: PLR0917 - one parameter per command-line option
+    dataset: Annotated[str | None, typer.Option(help="gsm8k, math500, math, gsm_plus (from ../shared/data)")] = None,
+    file: Annotated[Path | None, typer.Option(help="JSONL questions: {id, problem, answer} per line")] = None,
+    limit: Annotated[int | None, typer.Option(help="only the first N questions")] = None,
+    split: Annotated[str | None, typer.Option(help="data-set split, e.g. test or train")] = None,
+    k: Annotated[int, typer.Option("-k", help="solutions sampled per question")] = 8,
+    m: Annotated[int, typer.Option("-m", help="correct solutions kept per question")] = 2,
+    n: Annotated[int, typer.Option("-n", help="incorrect solutions kept per question")] = 6,
+    strategy: Annotated[str, typer.Option(help="uncertainty, epicprm or random")] = "uncertainty",
+    seed: int = 0,
+    step_format: Annotated[str, typer.Option("--format", help="step_k or double_newline")] = "step_k",
+    temperature: float = 0.7,
+    max_new_tokens: int = 384,
+    uncertainty_temperature: Annotated[float, typer.Option(help="T of UnPRM's softmax (1 paper, 5 code)")] = 1.0,
+    publish_unselected: Annotated[bool, typer.Option(help="also publish solutions no strategy kept")] = False,
+    backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded), a folder, or a served model name")] = "smollm2",
+    batch_size: Annotated[int, typer.Option(help="questions per Prefect task")] = 4,
+    use_prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run as the Prefect flow")] = True,
+) -> None:
+    """Sample solutions, grade them, score uncertainty, select, and publish `solutions.sampled`."""
+    from prmloop.flows.sample import run_sample
+
+    if (dataset is None) == (file is None):
+        raise typer.BadParameter("give exactly one of --dataset and --file")
+    summary = run_sample(
+        dataset=dataset,
+        file=file,
+        limit=limit,
+        split=split,
+        k=k,
+        m=m,
+        n=n,
+        strategy=strategy,
+        seed=seed,
+        prompt_format=step_format,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        uncertainty_temperature=uncertainty_temperature,
+        publish_unselected=publish_unselected,
+        backend={"backend": backend, "model": model},
+        batch_size=batch_size,
+        prefect=use_prefect,
+    )
+    for message in summary.get("question_errors", []):
+        err.print(f"[yellow]skipped:[/] {message}")
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
 
 
 @app.command()

@@ -1,9 +1,10 @@
 """``prmloop demo``: the furthest part of the loop that runs end to end today, on embedded defaults.
 
-It starts the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), runs the sink, publishes
-a stream of realistic events (registrations, sampled solutions, step scores, MC labels, consensus),
-waits until every one is queryable, and shows the label history with SQL. The DuckDB file stays in
-``$PRMLOOP_HOME`` for ``prmloop sql`` afterwards.
+It starts the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one) and the sink, runs the
+Prefect ``sample`` flow on a few GSM8K questions with the embedded SmolLM2 (real solutions, token
+log-probs, uncertainty, grades), optionally adds a stream of synthetic label events, waits until
+every event is queryable, and shows the result with SQL. The DuckDB file stays in ``$PRMLOOP_HOME``
+for ``prmloop sql`` afterwards.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from prmloop.store.settings import KafkaSettings, StateSettings
 from prmloop.store.synthetic import synthetic_events
 
 DEMO_QUERIES = {
+    "sampled solutions": (
+        "SELECT question_id, count(*) AS solutions, sum(correct::INT) AS correct, "
+        "round(avg(entropy), 3) AS mean_entropy, sum(completion_tokens) AS tokens "
+        "FROM solutions GROUP BY ALL ORDER BY question_id LIMIT 10"
+    ),
     "events per type": "SELECT event_type, count(*) AS events FROM events GROUP BY ALL ORDER BY events DESC",
     "first-error position of labelled incorrect solutions": (
         "SELECT first_error_step, count(DISTINCT solution_id) AS solutions FROM current_labels "
@@ -58,11 +64,13 @@ def _stored(db: Path) -> int:
         return -1
 
 
-def run_demo(n_events: int = 20_000, db_path: Path | None = None) -> None:
+def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3, k: int = 4) -> None:
+    """Sample ``questions`` GSM8K questions with the embedded SmolLM2 (``k`` solutions each) through
+    the Prefect ``sample`` flow, plus ``n_events`` synthetic events; store everything; query it."""
     console = Console()
     state = StateSettings()
     db = db_path or state.db_path
-    events = synthetic_events(n_events, seed=int(time.time()))
+    events = synthetic_events(n_events, seed=int(time.time())) if n_events else []
     with _broker(console) as servers:
         ensure_topics(servers)
         stop = threading.Event()
@@ -79,23 +87,45 @@ def run_demo(n_events: int = 20_000, db_path: Path | None = None) -> None:
         sink.start()
         before = max(0, _stored(db))
         started = time.monotonic()
+        expected = len(events)
+        if questions:
+            from prmloop.flows.sample import run_sample
+
+            console.print(f"sampling {questions} GSM8K questions x {k} solutions with SmolLM2-135M on the CPU")
+            summary = run_sample(
+                dataset="gsm8k",
+                limit=questions,
+                k=k,
+                m=1,
+                n=k - 1,
+                max_new_tokens=256,
+                publish_unselected=True,
+                bootstrap_servers=servers,
+                batch_size=1,
+            )
+            expected += int(summary["events_published"])
+            console.print(
+                f"sampled {summary['solutions']} solutions: {summary['correct']} correct, "
+                f"{summary['unparseable']} without a final answer, {summary['tokens_per_s']:.1f} tokens/s"
+            )
         with EventProducer(servers, outbox=Outbox(state.outbox_dir, "demo")) as producer, Progress() as bar:
-            publish = bar.add_task("publishing", total=len(events))
-            for i in range(0, len(events), 1000):
-                producer.publish(events[i : i + 1000])
-                bar.advance(publish, len(events[i : i + 1000]))
-            store = bar.add_task("stored in DuckDB", total=len(events))
+            if events:
+                publish = bar.add_task("publishing synthetic events", total=len(events))
+                for i in range(0, len(events), 1000):
+                    producer.publish(events[i : i + 1000])
+                    bar.advance(publish, len(events[i : i + 1000]))
+            store = bar.add_task("stored in DuckDB", total=expected)
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 done = _stored(db) - before
                 bar.update(store, completed=max(0, done))
-                if done >= len(events):
+                if done >= expected:
                     break
                 time.sleep(0.3)
         elapsed = time.monotonic() - started
         stop.set()
         sink.join(timeout=30)
-    console.print(f"{len(events)} events published and stored in {elapsed:.1f}s -> {db}")
+    console.print(f"{expected} events published and stored in {elapsed:.1f}s -> {db}")
     for title, sql in DEMO_QUERIES.items():
         result = query(db, sql)
         table = Table(*result.columns, title=title)
