@@ -6,8 +6,9 @@
    log-probability recording, no result records);
 2. *wrapper*: :meth:`TransformersBackend.generate`, which also records every sampled token's
    log-probability and builds :class:`Completion` records;
-3. *rollouts*: ``n`` continuations of one prefix (a question plus its first solution step) as one
-   batched call (:meth:`rollouts`) versus ``n`` calls of one rollout each.
+3. *rollouts*: ``n`` continuations of one prefix (EpicPRM's 2-shot prompt, a question and its first
+   step: what the Monte-Carlo annotator continues) as one batched call (:meth:`rollouts`, prefix
+   prefilled once), as one batched call that prefills every copy, and as ``n`` calls of one each.
 
 Raw and wrapper runs alternate and the best of ``repeats`` is kept, which damps noise from other
 processes on a shared CPU. Token counts are the generated tokens up to and including
@@ -17,9 +18,10 @@ end-of-sequence, counted the same way for both.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prmloop.models.backends.base import SamplingParams
+from prmloop.models.backends.base import Completion, SamplingParams
 
 if TYPE_CHECKING:
     from prmloop.models.backends.transformers_backend import TransformersBackend
@@ -86,7 +88,7 @@ def bench_generate(
     import torch
 
     from prmloop.models.backends.transformers_backend import TransformersBackend
-    from prmloop.models.prompts import render_chat, solution_messages
+    from prmloop.models.prompts import continuation_prompt, render_chat, solution_messages
 
     if threads is not None:
         torch.set_num_threads(threads)
@@ -144,20 +146,37 @@ def bench_generate(
         if tokens / elapsed > wrapper_best:
             wrapper_best, wrapper_tokens = tokens / elapsed, tokens
 
-    prefix = prompts[0] + "First, let's find out how many eggs are left after breakfast and baking.\n\n"
+    # A Monte-Carlo rollout prefix as the annotator builds it: EpicPRM's 2-shot prompt + one step.
+    prefix = continuation_prompt(
+        render_chat(backend.tokenizer, solution_messages(_QUESTIONS[0], "step_k")),
+        ["16 - 3 - 4 = 9 eggs are left to sell."],
+        "step_k",
+    )
     rollout_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    batched_best = sequential_best = 0.0
-    for _ in range(repeats):
+
+    def rollout_tps(run: Callable[[], list[Completion]]) -> float:
         started = time.perf_counter()
-        batched = backend.rollouts(prefix, n_rollouts, rollout_params)
-        batched_tps = sum(c.completion_tokens for c in batched) / (time.perf_counter() - started)
-        started = time.perf_counter()
-        sequential = [
+        completions = run()
+        return sum(c.completion_tokens for c in completions) / (time.perf_counter() - started)
+
+    def sequential() -> list[Completion]:
+        return [
             backend.rollouts(prefix, 1, rollout_params.model_copy(update={"seed": seed + i}))[0]
             for i in range(n_rollouts)
         ]
-        sequential_tps = sum(c.completion_tokens for c in sequential) / (time.perf_counter() - started)
-        batched_best, sequential_best = max(batched_best, batched_tps), max(sequential_best, sequential_tps)
+
+    def batched_copying() -> list[Completion]:
+        backend.share_prefix = False
+        try:
+            return backend.rollouts(prefix, n_rollouts, rollout_params)
+        finally:
+            backend.share_prefix = True
+
+    batched_best = sequential_best = copying_best = 0.0
+    for _ in range(repeats):
+        batched_best = max(batched_best, rollout_tps(lambda: backend.rollouts(prefix, n_rollouts, rollout_params)))
+        copying_best = max(copying_best, rollout_tps(batched_copying))
+        sequential_best = max(sequential_best, rollout_tps(sequential))
 
     return {
         "bench": "generate",
@@ -176,7 +195,9 @@ def bench_generate(
         "wrapper_tokens_per_s": round(wrapper_best, 2),
         "wrapper_to_raw_ratio": round(wrapper_best / raw_best, 3) if raw_best else None,
         "n_rollouts": n_rollouts,
+        "rollout_prefix_tokens": len(backend.encode_prompt(prefix)),
         "batched_rollout_tokens_per_s": round(batched_best, 2),
+        "batched_rollout_without_prefix_sharing_tokens_per_s": round(copying_best, 2),
         "sequential_rollout_tokens_per_s": round(sequential_best, 2),
         "batched_rollout_speedup": round(batched_best / sequential_best, 3) if sequential_best else None,
     }

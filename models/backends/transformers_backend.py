@@ -1,7 +1,8 @@
 """In-process ``transformers`` backend (CPU or GPU): batched sampling with per-token log-probabilities.
 
 One ``model.generate`` call serves a whole batch: ``k`` samples of each of several prompts, or ``n``
-rollouts of one prefix (``num_return_sequences``; Math-Shepherd / EpicPRM completers, Sec. 3.1). The
+rollouts of one prefix (Math-Shepherd / EpicPRM completers, Sec. 3.1), with each prompt prefilled once
+and its KV cache repeated for its samples (the analogue of vLLM's prefix caching). The
 log-probability of each sampled token is recorded *inside* that call by a logits processor placed
 before temperature and top-p, from the raw logits of the step (``log_softmax``), so it is the model's
 ``log p(token | context)`` and agrees with a teacher-forced forward pass (:meth:`score`). Only one
@@ -93,6 +94,8 @@ class TransformersBackend:
         num_threads: torch CPU threads while this backend computes (restored afterwards; torch's
             setting is process-wide). On a CPU shared with other processes, fewer threads than cores
             avoid oversubscription, which here made decoding ten times slower.
+        share_prefix: prefill each prompt once for its ``n`` samples / rollouts and repeat the KV
+            cache (the in-process analogue of vLLM's prefix caching); off = ``num_return_sequences``.
 
     Examples:
         >>> backend = TransformersBackend.from_pretrained("smollm2")  # doctest: +SKIP
@@ -109,6 +112,7 @@ class TransformersBackend:
         max_batch_size: int = 64,
         add_special_tokens: bool = False,
         num_threads: int | None = None,
+        share_prefix: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -119,6 +123,7 @@ class TransformersBackend:
         self.max_batch_size = max_batch_size
         self.add_special_tokens = add_special_tokens
         self.num_threads = num_threads
+        self.share_prefix = share_prefix
         if tokenizer.pad_token_id is None:
             # Padding positions are masked out; any id works, the end-of-sequence one is conventional.
             tokenizer.pad_token = tokenizer.eos_token
@@ -146,6 +151,7 @@ class TransformersBackend:
         max_batch_size: int = 64,
         add_special_tokens: bool = False,
         num_threads: int | None = None,
+        share_prefix: bool = True,
     ) -> TransformersBackend:
         """Load ``model`` (a local folder or hub id, or ``"smollm2"`` for the embedded GGUF).
 
@@ -181,6 +187,7 @@ class TransformersBackend:
             max_batch_size=max_batch_size,
             add_special_tokens=add_special_tokens,
             num_threads=num_threads,
+            share_prefix=share_prefix,
         )
 
     def _end_of_sequence_ids(self) -> frozenset[int]:
@@ -321,15 +328,47 @@ class TransformersBackend:
             )
         return kwargs
 
+    def _shared_prefix_inputs(self, inputs: dict[str, torch.Tensor], copies: int) -> dict[str, Any] | None:
+        """Prefill each prompt once and repeat its KV cache ``copies`` times (prefix sharing).
+
+        ``num_return_sequences`` would copy the prompts first and prefill every copy; rollouts of a
+        long prefix (EpicPRM's 2-shot prompt is about 850 tokens) spend most of their time there. The
+        last prompt token is left for ``generate`` so that it produces the first step's logits.
+        Returns ``None`` when the model's cache cannot be repeated (then copies are prefilled).
+        """
+        torch = _torch()
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        if ids.shape[1] < 2:
+            return None
+        # Left padding: positions count real tokens only, as generate() computes them.
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=ids[:, :-1],
+                attention_mask=mask[:, :-1],
+                position_ids=positions[:, :-1],
+                use_cache=True,
+            )
+        cache = getattr(out, "past_key_values", None)
+        if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+            return None
+        cache.batch_repeat_interleave(copies)
+        return {
+            "input_ids": ids.repeat_interleave(copies, dim=0),
+            "attention_mask": mask.repeat_interleave(copies, dim=0),
+            "past_key_values": cache,
+        }
+
     def _generate_batch(self, prompts: list[list[int]], copies: int, params: SamplingParams) -> list[list[Completion]]:
         torch = _torch()
         inputs = self.generation_inputs(prompts)
         prompt_width = inputs["input_ids"].shape[1]
-        kwargs = self.generation_kwargs(params, copies, prompt_width)
+        shared = self._shared_prefix_inputs(inputs, copies) if copies > 1 and self.share_prefix else None
+        kwargs = self.generation_kwargs(params, 1 if shared is not None else copies, prompt_width)
         recorder = _SampledTokenLogprobs()
         kwargs["logits_processor"].insert(0, recorder)
         with torch.inference_mode():
-            sequences = self.model.generate(**inputs, **kwargs)
+            sequences = self.model.generate(**(shared if shared is not None else inputs), **kwargs)
         generated = sequences[:, prompt_width:].tolist()
         logprobs = recorder.finish(sequences).tolist()
         prompt_lengths = inputs["attention_mask"].sum(dim=1).tolist()

@@ -125,6 +125,18 @@ def test_batched_rollouts_match_one_at_a_time(tiny_backend: TransformersBackend)
         assert _max_abs_diff(completion.logprobs, _forward_logprobs(tiny_backend, PROMPTS[1], completion)) < 1e-4
 
 
+def test_prefix_sharing_samples_exactly_what_copying_the_prompts_samples(tiny_backend: TransformersBackend) -> None:
+    copying = TransformersBackend(
+        tiny_backend.model, tiny_backend.tokenizer, model_name="tiny-copying", share_prefix=False, num_threads=1
+    )
+    params = SamplingParams(n=3, max_new_tokens=8, temperature=0.9, seed=4)
+    shared, copied = tiny_backend.generate(PROMPTS, params), copying.generate(PROMPTS, params)
+    for shared_row, copied_row in zip(shared, copied, strict=True):
+        assert [c.token_ids for c in shared_row] == [c.token_ids for c in copied_row]
+        for a, b in zip(shared_row, copied_row, strict=True):
+            assert _max_abs_diff(a.logprobs, b.logprobs) < 1e-4
+
+
 def test_batches_are_split_at_max_batch_size(
     tiny_backend: TransformersBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
