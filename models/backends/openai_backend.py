@@ -121,7 +121,7 @@ class OpenAICompatibleBackend:
             if not token.startswith(_TOKEN_ID_PREFIX):
                 raise OpenAIServerError(
                     f"{url} returned token {token!r} instead of 'token_id:<id>': the server ignores "
-                    "return_tokens_as_token_ids; use vLLM >= 0.6 or `python -m prmloop.models.serve`"
+                    "return_tokens_as_token_ids; use a vLLM server that supports it or `python -m prmloop.models.serve`"
                 )
             ids.append(int(token.removeprefix(_TOKEN_ID_PREFIX)))
         return ids
