@@ -35,7 +35,7 @@ from prefect.cache_policies import NO_CACHE
 from prmloop.models.backends.base import Completion, Generator, SamplingParams
 from prmloop.models.backends.registry import BackendConfig, build_backend
 from prmloop.models.grading import GradeOutcome, extract_answer, grade
-from prmloop.models.prompts import StepFormat, render_chat, render_plain, response_prefix, solution_messages
+from prmloop.models.prompts import StepFormat, solution_prompt
 from prmloop.models.questions import Question, load_questions
 from prmloop.models.steps import split_completion, split_steps
 from prmloop.producers.selection import Candidate, Selection, get_strategy
@@ -229,17 +229,6 @@ class SampledQuestion:
         }
 
 
-def build_prompt(generator: Generator, problem: str, style: StepFormat) -> str:
-    """The rendered prompt (chat template when the tokenizer has one) plus the response prefix."""
-    messages = solution_messages(problem, style)
-    tokenizer = getattr(generator, "tokenizer", None)
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        prompt = render_chat(tokenizer, messages)
-    else:
-        prompt = render_plain(messages)
-    return prompt + response_prefix(style)
-
-
 def _steps_and_offsets(
     generator: Generator, completion: Completion, style: StepFormat
 ) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
@@ -281,7 +270,7 @@ def sample_question(generator: Generator, model: ModelRef, question: Question, c
         raise ValueError(f"question {question.id!r} has no gold answer; it cannot be graded")
     started = time.perf_counter()
     registered = register_event(question)
-    prompt = build_prompt(generator, question.problem, config.prompt_format)
+    prompt = solution_prompt(generator, question.problem, config.prompt_format)
     [completions] = generator.generate([prompt], config.sampling_params(question.id))
     parts = [_steps_and_offsets(generator, c, config.prompt_format) for c in completions]
     # Only an explicitly stated answer counts (boxed, "The final answer is", ####): grade()'s bare-answer

@@ -34,6 +34,7 @@ __all__ = [
     "render_plain",
     "response_prefix",
     "solution_messages",
+    "solution_prompt",
 ]
 
 StepFormat = Literal["step_k", "double_newline"]
@@ -180,3 +181,20 @@ def continuation_prompt(prompt: str, steps: Sequence[str], style: StepFormat) ->
     separator, so the first sampled token begins step ``len(steps) + 1``.
     """
     return prompt + response_prefix(style) + format_steps(steps, style)
+
+
+def solution_prompt(model: object, problem: str, style: StepFormat) -> str:
+    """What a model continues to solve ``problem`` in ``style``: the rendered prompt plus the response prefix.
+
+    ``model`` is a backend (or anything with a ``tokenizer`` attribute); its chat template is used
+    when the tokenizer has one, :func:`render_plain` otherwise (base models, engines without a local
+    tokenizer). The sampling flow, the step scorer and the rollout completer all build prompts here,
+    so a rollout continues exactly the text its solution was sampled from.
+    """
+    messages = solution_messages(problem, style)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        prompt = render_chat(tokenizer, messages)
+    else:
+        prompt = render_plain(messages)
+    return prompt + response_prefix(style)
