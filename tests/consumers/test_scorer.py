@@ -1,0 +1,288 @@
+"""The step-uncertainty scorer: hand-computed u / Δu / order, teacher forcing on a tiny random model
+(fast and generic paths agree), rejections, and the service end to end on a real broker."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from prmloop.consumers.scorer import IdleStop, StepScorer, run_scorer, teacher_forced_logprobs
+from prmloop.models.backends.base import ScoredText
+from prmloop.models.prompts import format_steps, solution_prompt
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.events import (
+    Envelope,
+    ModelRef,
+    QuestionRegistered,
+    SamplingSpec,
+    SolutionSampled,
+    StepsScored,
+    decode_event,
+    deterministic_event_id,
+    encode_event,
+    make_event,
+)
+from prmloop.store.index import MissingKey
+from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.topics import TopicSpec, dlq_topic
+
+if TYPE_CHECKING:
+    from prmloop.models.backends.registry import BackendConfig
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+GEN = ModelRef(backend="transformers", name="generator")
+TINY_REF = ModelRef(backend="transformers", name="tiny-random-llama")
+TINY_BACKEND = "tiny-random-scorer-test"
+QUESTIONS = {"q-add": "What is 2+2?"}
+STEPS = ("2 plus 2 is 4.", "So the sum is 4.", "The final answer is: 4")
+
+
+def _sampled(sid: str, *, steps: Sequence[str] = STEPS, qid: str = "q-add", **fields: Any) -> Envelope:
+    payload = SolutionSampled(
+        solution_id=sid,
+        question_id=qid,
+        generator=GEN,
+        sampling=SamplingSpec(),
+        prompt_format="step_k",
+        text=format_steps(steps, "step_k"),
+        steps=tuple(steps),
+        **fields,
+    )
+    return make_event(payload, producer="test")
+
+
+def _consumed(event: Envelope, offset: int = 0) -> ConsumedEvent:
+    return ConsumedEvent(event, "solutions.sampled", 0, offset, 0)
+
+
+def _question(qid: str) -> str:
+    if qid not in QUESTIONS:
+        raise MissingKey(f"no event for {qid!r}")
+    return QUESTIONS[qid]
+
+
+def _score(handler: StepScorer, *events: Envelope) -> tuple[list[Envelope], list[tuple[ConsumedEvent, str]]]:
+    published: list[Envelope] = []
+    handler.publish = published.extend
+    rejected = list(handler([_consumed(e, i) for i, e in enumerate(events)]))
+    return published, rejected
+
+
+def _entropy(p: float) -> float:
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def test_step_uncertainty_from_the_solutions_own_logprobs_by_hand() -> None:
+    # One preamble token (no step), then two tokens per step.
+    # softmax([0, -ln 3]) = (3/4, 1/4); softmax([0, -ln 7]) = (7/8, 1/8); softmax([-1, -1]) = (1/2, 1/2).
+    logprobs = (-5.0, 0.0, -math.log(3), 0.0, -math.log(7), -1.0, -1.0)
+    event = _sampled("s-hand", token_logprobs=logprobs, step_token_offsets=(1, 3, 5))
+    handler = StepScorer(lambda _: None)
+    [out], rejected = _score(handler, event)
+    assert rejected == [] and handler.scored_from_logprobs == 1 and handler.teacher_forced == 0
+    scored = out.payload
+    assert isinstance(scored, StepsScored)
+    u = (_entropy(3 / 4), _entropy(7 / 8), math.log(2))  # 0.5623, 0.3768, 0.6931
+    assert scored.step_uncertainty == pytest.approx(u, abs=1e-9)
+    assert scored.uncertainty_delta == pytest.approx((u[0], u[1] - u[0], u[2] - u[1]), abs=1e-9)
+    assert scored.step_order == (0, 2, 1)  # Δu = 0.562, -0.186, 0.316
+    assert scored.scorer == GEN and out.causation_id == event.event_id
+    assert out.event_id == deterministic_event_id("StepsScored", "s-hand", GEN.model_dump(), 1.0, "sampled")
+    assert out.correlation_id == "s-hand" and out.topic == "steps.scored"
+
+
+def test_rejections_name_the_reason() -> None:
+    logprobs: dict[str, Any] = {"token_logprobs": (-1.0,), "step_token_offsets": (0,)}
+    [_, rejected] = _score(StepScorer(lambda _: None), _sampled("s-empty", steps=(), **logprobs), _sampled("s-bare"))
+    assert [r.split(" ", 1)[0] for _, r in rejected] == ["s-empty", "s-bare"]
+    assert "no steps" in rejected[0][1]
+    assert "carries no token log-probs" in rejected[1][1] and "`--model`" in rejected[1][1]
+
+
+def test_an_unknown_question_is_rejected(tiny_backend: TransformersBackend) -> None:
+    handler = StepScorer(lambda _: None, scorer=tiny_backend, scorer_ref=TINY_REF, question_text=_question)
+    published, [(_, reason)] = _score(handler, _sampled("s-lost", qid="q-unknown"))
+    assert published == [] and handler.rejected == 1
+    assert "'q-unknown'" in reason and "publish QuestionRegistered" in reason
+
+
+def test_idle_stop_counts_from_readiness_and_restarts_on_touch() -> None:
+    now, ready = [0.0], [False]
+    idle = IdleStop(2.0, ready=lambda: ready[0], clock=lambda: now[0])
+    now[0] = 10.0
+    assert not idle()  # still joining: the clock has not started
+    ready[0] = True
+    assert not idle()
+    now[0] = 11.0
+    idle.touch()
+    now[0] = 12.5
+    assert not idle()
+    now[0] = 13.0
+    assert idle()
+
+
+class GenericScorer:
+    """Only the ``Scorer`` protocol (no ``score_ids``), with the backend's tokenizer for the chat prompt."""
+
+    def __init__(self, backend: TransformersBackend) -> None:
+        self.model_name = backend.model_name
+        self.tokenizer = backend.tokenizer
+        self._backend = backend
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
+        return self._backend.score(pairs)
+
+
+def test_teacher_forcing_fast_and_generic_paths_agree(tiny_backend: TransformersBackend) -> None:
+    tokenizer = tiny_backend.tokenizer
+    prompt = solution_prompt(tiny_backend, QUESTIONS["q-add"], "step_k")
+    pieces = [format_steps([s], "step_k", start=t + 1) for t, s in enumerate(STEPS)]
+    # The premise of the comparison: each step tokenises the same alone as after its predecessors.
+    for t in range(len(pieces)):
+        alone = tiny_backend.encode_prompt(prompt) + [i for p in pieces[: t + 1] for i in tokenizer.encode(p)]
+        assert tiny_backend.encode_prompt(prompt + "".join(pieces[:t])) + tokenizer.encode(pieces[t]) == alone
+
+    fast_lp, fast_offsets = teacher_forced_logprobs(tiny_backend, prompt, STEPS, "step_k")
+    generic_lp, generic_offsets = teacher_forced_logprobs(GenericScorer(tiny_backend), prompt, STEPS, "step_k")
+    assert fast_offsets == generic_offsets and fast_offsets[0] == 0 and len(fast_lp) == len(generic_lp)
+    assert fast_lp == pytest.approx(generic_lp, abs=1e-4)
+
+    event = _sampled("s-forced")
+    runs = {}
+    for name, scorer, temperature in [
+        ("fast", tiny_backend, 1.0),
+        ("again", tiny_backend, 1.0),
+        ("generic", GenericScorer(tiny_backend), 1.0),
+        ("T5", tiny_backend, 5.0),
+    ]:
+        handler = StepScorer(
+            lambda _: None, scorer=scorer, scorer_ref=TINY_REF, question_text=_question, temperature=temperature
+        )
+        [out], rejected = _score(handler, event)
+        assert rejected == [] and handler.teacher_forced == 1 and isinstance(out.payload, StepsScored)
+        runs[name] = out
+    payloads = {k: v.payload for k, v in runs.items()}
+    fast, generic = payloads["fast"], payloads["generic"]
+    assert isinstance(fast, StepsScored) and isinstance(generic, StepsScored)
+    assert len(fast.step_uncertainty) == 3 and all(u > 0 for u in fast.step_uncertainty)
+    assert fast.step_uncertainty == pytest.approx(generic.step_uncertainty, abs=1e-4)
+    assert fast.scorer == TINY_REF and sorted(fast.step_order) == [0, 1, 2]
+    assert runs["fast"].event_id == runs["again"].event_id == runs["generic"].event_id
+    assert runs["T5"].event_id != runs["fast"].event_id
+    assert runs["fast"].event_id == deterministic_event_id(
+        "StepsScored", "s-forced", TINY_REF.model_dump(), 1.0, "teacher_forced"
+    )
+
+
+def _read_scored(servers: str, solution_ids: set[str], timeout_s: float = 30.0) -> list[Envelope]:
+    """Every ``StepsScored`` of ``solution_ids`` on ``steps.scored`` (read from the beginning)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from prmloop.store.kafka import consumer_config
+    from prmloop.store.settings import KafkaSettings
+
+    consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=None))
+    try:
+        parts = [TopicPartition("steps.scored", p) for p in sorted(consumer.partitions_for_topic("steps.scored"))]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        found: list[Envelope] = []
+        deadline, idle_since = time.monotonic() + timeout_s, time.monotonic()
+        while time.monotonic() < deadline and time.monotonic() - idle_since < 2.0:
+            polled = consumer.poll(timeout_ms=200)
+            if any(polled.values()):
+                idle_since = time.monotonic()
+            for records in polled.values():
+                events = (decode_event(r.value) for r in records)
+                found.extend(e for e in events if getattr(e.payload, "solution_id", None) in solution_ids)
+        return found
+    finally:
+        consumer.close()
+
+
+def test_the_scorer_service_scores_both_kinds_from_a_real_broker(
+    kafka_bootstrap: str, tiny_backend_config: BackendConfig
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    topic = f"test-scorer-{run}"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2), TopicSpec(dlq_topic(topic), 1)])
+    qid = f"q-{run}"
+    question = QuestionRegistered(question_id=qid, dataset="test", problem="What is 2+2?")
+    with_lp = _sampled(f"s-lp-{run}", qid=qid, token_logprobs=(-0.1,) * 6, step_token_offsets=(0, 2, 4))
+    without = _sampled(f"s-tf-{run}", qid=qid)
+    with EventProducer(kafka_bootstrap) as producer:
+        producer.publish([make_event(question, producer="test")])
+        for e in (with_lp, without):
+            producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
+    deadline = time.monotonic() + 120
+    counters = run_scorer(
+        bootstrap_servers=kafka_bootstrap,
+        backend=tiny_backend_config,
+        group_id=f"scorer-{run}",
+        topics=[topic],
+        until=lambda: time.monotonic() > deadline,
+        until_idle_s=3.0,
+        install_signal_handlers=False,
+    )
+    assert counters["scored_from_logprobs"] == 1 and counters["teacher_forced"] == 1
+    assert counters["rejected"] == counters["dead_lettered"] == 0
+    scored = _read_scored(kafka_bootstrap, {f"s-lp-{run}", f"s-tf-{run}"})
+    by_solution = {e.payload.solution_id: e for e in scored}
+    assert len(scored) == 2 and len(by_solution) == 2
+    lp, tf = by_solution[f"s-lp-{run}"], by_solution[f"s-tf-{run}"]
+    assert isinstance(lp.payload, StepsScored) and isinstance(tf.payload, StepsScored)
+    assert lp.payload.scorer == GEN and lp.payload.step_uncertainty == pytest.approx((math.log(2),) * 3)
+    assert lp.event_id == deterministic_event_id("StepsScored", f"s-lp-{run}", GEN.model_dump(), 1.0, "sampled")
+    assert tf.payload.scorer == ModelRef(backend=TINY_BACKEND, name="tiny-random-llama")
+    assert len(tf.payload.step_uncertainty) == 3 and tf.causation_id == without.event_id
+
+
+# ------------------------------------------------------------------------------------------------
+# The tiny random model (tests/models/conftest.py's fixture is not visible from tests/consumers)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_backend() -> TransformersBackend:
+    """A random 2-layer Llama (hidden size 64) over SmolLM2's vocabulary, on CPU in float32."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from prmloop.models.backends.embedded import smollm2_gguf_path
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+    path = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.padding_side = "left"
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    return TransformersBackend(model, tokenizer, model_name="tiny-random-llama", max_batch_size=16, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend_config(tiny_backend: TransformersBackend) -> BackendConfig:
+    """A ``BackendConfig`` whose registered factory returns :func:`tiny_backend`."""
+    from prmloop.models.backends.registry import BACKENDS, BackendConfig
+
+    BACKENDS[TINY_BACKEND] = lambda _config: tiny_backend
+    return BackendConfig(backend=TINY_BACKEND, model="tiny")
