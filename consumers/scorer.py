@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -63,7 +62,6 @@ from prmloop.store.settings import KafkaSettings
 
 __all__ = [
     "PRODUCER",
-    "IdleStop",
     "StepScorer",
     "run_scorer",
     "scored_event",
@@ -261,37 +259,6 @@ class _Reject(Exception):
     """A solution that can never be scored; the message is the dead-letter reason."""
 
 
-class IdleStop:
-    """An ``until`` for the runtime: True once nothing was handled for ``seconds``.
-
-    The clock starts when ``ready()`` first returns True (the consumer has its partitions: joining a
-    group takes seconds) and restarts at every :meth:`touch` (each handled batch).
-    """
-
-    def __init__(
-        self,
-        seconds: float,
-        *,
-        ready: Callable[[], bool] = lambda: True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.seconds = seconds
-        self.ready = ready
-        self.clock = clock
-        self._last: float | None = None
-
-    def touch(self) -> None:
-        self._last = self.clock()
-
-    def __call__(self) -> bool:
-        if self._last is None:
-            if not self.ready():
-                return False
-            self.touch()
-            return False
-        return self.clock() - self._last >= self.seconds
-
-
 def run_scorer(
     *,
     bootstrap_servers: str,
@@ -338,32 +305,16 @@ def run_scorer(
             ),
             temperature=temperature,
         )
-        idle = IdleStop(until_idle_s) if until_idle_s is not None else None
-
-        def handle(batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
-            try:
-                return handler(batch)
-            finally:
-                if idle is not None:
-                    idle.touch()
-
         runtime = ConsumerRuntime(
             topics=topics,
             group_id=group_id,
             bootstrap_servers=bootstrap_servers,
-            handler=handle,
+            handler=handler,
             kafka=kafka,
             max_batch=max_batch,
             name="scorer",
         )
-        if idle is not None:
-            # ConsumerRuntime has no public accessor for its assignment yet.
-            idle.ready = lambda: bool(runtime._consumer.assignment())
-
-        def stop() -> bool:
-            return (until is not None and until()) or (idle is not None and idle())
-
-        stats = runtime.run(until=stop, install_signal_handlers=install_signal_handlers)
+        stats = runtime.run(until=until, idle_timeout_s=until_idle_s, install_signal_handlers=install_signal_handlers)
     finally:
         producer.close()
         if index is not None:

@@ -341,6 +341,126 @@ def sample(  # noqa: PLR0917 - one parameter per command-line option
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
 
 
+class CompleterKind(StrEnum):
+    model = "model"
+    simulator = "simulator"
+
+
+@app.command()
+def simulate(
+    n_solutions: Annotated[int, typer.Option("--n", help="simulated incorrect solutions")] = 100,
+    seed: Annotated[int, typer.Option(help="world seed (give `annotate --completer simulator` the same)")] = 0,
+    correlation: Annotated[float, typer.Option(help="how strongly step uncertainty marks the first error")] = 0.7,
+) -> None:
+    """Publish simulated incorrect solutions (question, solution, step scores) for the annotator to label."""
+    from prmloop.flows.simulate import simulated_events
+    from prmloop.models.simulator import SimulatorConfig, simulate_solutions
+    from prmloop.store.kafka import EventProducer, ensure_topics
+
+    if n_solutions < 1:
+        raise typer.BadParameter(f"--n must be at least 1, got {n_solutions}")
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    solutions = simulate_solutions(n_solutions, SimulatorConfig(uncertainty_correlation=correlation), seed=seed)
+    events = simulated_events(solutions, seed)
+    with EventProducer(servers) as producer:
+        producer.publish(events)
+    typer.echo(json.dumps({"solutions": len(solutions), "events": len(events), "seed": seed}))
+
+
+@app.command()
+def annotate(  # noqa: PLR0917 - one parameter per command-line option
+    strategy: Annotated[str, typer.Option(help="sequential, binary, adaptive_binary or uncertainty_driven")] = (
+        "adaptive_binary"
+    ),
+    completer: Annotated[CompleterKind, typer.Option(help="a model backend, or the simulator")] = CompleterKind.model,
+    backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded), a folder, or a served model name")] = "smollm2",
+    base_url: Annotated[str | None, typer.Option(help="openai backend: the server's /v1 URL")] = None,
+    threads: Annotated[int | None, typer.Option(help="transformers: torch CPU threads")] = None,
+    step_format: Annotated[str, typer.Option("--format", help="step_k or double_newline")] = "step_k",
+    temperature: Annotated[float, typer.Option(help="rollout sampling temperature")] = 0.7,
+    max_new_tokens: Annotated[int, typer.Option(help="rollout budget; longer rollouts count as wrong")] = 384,
+    rollouts: Annotated[int, typer.Option(help="sequential/binary: rollouts per state (hard MC)")] = 48,
+    n0: Annotated[int, typer.Option(help="adaptive sampling: first rollouts of a state (N0)")] = 16,
+    n_min: Annotated[int, typer.Option(help="adaptive sampling: grow until this many correct (N_min)")] = 10,
+    n_max: Annotated[int, typer.Option(help="adaptive sampling: at most this many rollouts (N_max)")] = 72,
+    alpha: Annotated[float, typer.Option(help="adaptive_binary: contribution threshold")] = 0.5,
+    weighting: Annotated[
+        str | None, typer.Option(help="MC weighting: count, inv_ppl (1/PPL, default) or log_ppl (printed Eq. 2)")
+    ] = None,
+    in_flight: Annotated[int, typer.Option(help="solutions annotated at once (engines that batch requests)")] = 1,
+    group: Annotated[str, typer.Option(help="consumer group; processes in one group share partitions")] = (
+        "prmloop-annotator"
+    ),
+    until_idle: Annotated[float | None, typer.Option(help="exit after this many seconds without new solutions")] = None,
+    sim_n: Annotated[int, typer.Option(help="simulator: the world's size (as given to `prmloop simulate`)")] = 100,
+    sim_seed: Annotated[int, typer.Option(help="simulator: the world's seed")] = 0,
+    correlation: Annotated[float, typer.Option(help="simulator: uncertainty-error correlation")] = 0.7,
+    sim_latency: Annotated[float, typer.Option(help="simulator: seconds per engine call")] = 0.0,
+) -> None:
+    """Label the first wrong step of sampled solutions with MC rollouts and publish `steps.labeled`."""
+    from prmloop.consumers.annotator import run_annotator
+    from prmloop.models.annotation.completer import Completer, GeneratorCompleter, exact_match, math_equivalent
+    from prmloop.models.annotation.estimate import Sampling
+    from prmloop.models.annotation.strategies import STRATEGIES, make_strategy
+    from prmloop.store.events import ModelRef
+    from prmloop.store.kafka import ensure_topics
+
+    if strategy not in STRATEGIES:
+        raise typer.BadParameter(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    params: dict[str, Any] = {}
+    if strategy in ("sequential", "binary"):
+        params["n"] = rollouts
+    else:
+        params["sampling"] = Sampling(n0=n0, n_min_correct=n_min, n_max=max(n_max, n0))
+        if strategy == "adaptive_binary":
+            params["alpha"] = alpha
+    if weighting is not None:
+        params["weighting"] = weighting
+    chosen = make_strategy(strategy, **params)
+    stop = _stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    completers: list[Completer]
+    if completer is CompleterKind.simulator:
+        from prmloop.flows.simulate import SIMULATOR_REF
+        from prmloop.models.simulator import SimulatedCompleter, SimulatorConfig, simulate_solutions
+
+        config = SimulatorConfig(uncertainty_correlation=correlation)
+        world = simulate_solutions(sim_n, config, seed=sim_seed)
+        completers = [SimulatedCompleter(world, config, seed=sim_seed, latency_s=sim_latency)]
+        refs, checker = [SIMULATOR_REF], exact_match
+    else:
+        from prmloop.models.backends.base import SamplingParams
+        from prmloop.models.backends.registry import BackendConfig, build_backend
+
+        options: dict[str, Any] = {}
+        if threads is not None:
+            options["num_threads"] = threads
+        if base_url is not None:
+            options["base_url"] = base_url
+        engine = build_backend(BackendConfig(backend=backend, model=model, options=options))
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+        style = "double_newline" if step_format == "double_newline" else "step_k"
+        completers = [GeneratorCompleter(engine, style=style, params=sampling, lock=backend == "transformers")]
+        refs, checker = [ModelRef(backend=backend, name=engine.model_name)], math_equivalent
+    err.print(f"annotator: {strategy} with {refs[0].name} on {servers}, group {group}", soft_wrap=True)
+    summary = run_annotator(
+        bootstrap_servers=servers,
+        strategy=chosen,
+        completers=completers,
+        completer_refs=refs,
+        checker=checker,
+        group_id=group,
+        max_in_flight=in_flight,
+        outbox_dir=StateSettings().outbox_dir,
+        until=stop.is_set,
+        idle_timeout_s=until_idle,
+    )
+    typer.echo(json.dumps(summary))
+
+
 @app.command()
 def serve(
     model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",

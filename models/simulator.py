@@ -23,6 +23,7 @@ solutions, and the same sequence of calls gives the same rollouts.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -139,6 +140,9 @@ class SimulatedCompleter:
     config: SimulatorConfig = field(default_factory=SimulatorConfig)
     seed: int = 0
     name: str = "simulator"
+    #: Seconds each call sleeps: stands in for an engine's time per batched request, so services built on
+    #: the simulator (the annotator under faults, its scaling benchmark) behave like ones waiting on a GPU.
+    latency_s: float = 0.0
     calls: int = 0
     _by_question: dict[str, SimulatedSolution] = field(init=False, repr=False)
     _draws: dict[tuple[str, int], int] = field(init=False, repr=False)
@@ -161,6 +165,8 @@ class SimulatedCompleter:
         self._draws[(question, m)] = draw + 1
         self.calls += 1
         rng = random.Random(f"{self.seed}|{question}|{m}|{draw}")
+        if self.latency_s > 0:
+            time.sleep(self.latency_s)
         if rng.random() < self.config.p_completer_error:
             raise SimulatedCompleterError(f"injected engine failure on {question!r} after {m} steps")
         return [self._rollout(rng, solution, m) for _ in range(n)]

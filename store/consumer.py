@@ -137,19 +137,33 @@ class ConsumerRuntime:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def run(self, *, until: Callable[[], bool] | None = None, install_signal_handlers: bool = True) -> RuntimeStats:
-        """Run until :meth:`stop`, SIGTERM/SIGINT, or ``until()`` returns True between batches."""
+    def run(
+        self,
+        *,
+        until: Callable[[], bool] | None = None,
+        idle_timeout_s: float | None = None,
+        install_signal_handlers: bool = True,
+    ) -> RuntimeStats:
+        """Run until :meth:`stop`, SIGTERM/SIGINT, ``until()`` returns True between batches, or (with
+        ``idle_timeout_s``) no record arrived for that many seconds (drain a backlog and exit)."""
         previous: dict[signal.Signals, Any] = {}
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
+        last_record = time.monotonic()
         try:
             while not self._stop.is_set():
                 if until is not None and until():
                     break
+                if idle_timeout_s is not None and not self._consumer.assignment():
+                    last_record = time.monotonic()  # still joining the group: not idle yet
+                elif idle_timeout_s is not None and time.monotonic() - last_record > idle_timeout_s:
+                    log.info("%s: idle for %.0fs; stopping", self.name, idle_timeout_s)
+                    break
                 batch = self._collect()
                 if batch:
                     self._process(batch)
+                    last_record = time.monotonic()
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
@@ -158,6 +172,14 @@ class ConsumerRuntime:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        if not self.assign_all and not self._consumer.assignment():
+            # Still joining the group: a LeaveGroup sent mid-join leaves Tansu's group stuck in its
+            # rebalance (a later member never gets partitions; seen with Tansu 0.5). Forget the member
+            # id instead, so no LeaveGroup is sent and the broker expires the member after the session
+            # timeout, as it does for a killed process.
+            coordinator = getattr(self._consumer, "_coordinator", None)
+            if coordinator is not None:
+                coordinator.reset_generation()
         try:
             self._consumer.close(autocommit=False)
         except KafkaError as exc:  # leaving the group is best effort: the session times out anyway
@@ -187,6 +209,11 @@ class ConsumerRuntime:
 
     def _collect(self) -> list[ConsumerRecord]:
         """Up to ``max_batch`` records, waiting at most ``max_wait_s`` after the first one arrives."""
+        if self._prefetched and not self.assign_all:
+            # A rebalance may have moved partitions away while they were fetched ahead: their new owner
+            # reads them from the committed offset, so working on them here would only repeat its work.
+            owned = self._consumer.assignment()
+            self._prefetched = [r for r in self._prefetched if TopicPartition(r.topic, r.partition) in owned]
         records, self._prefetched = self._prefetched[: self.max_batch], self._prefetched[self.max_batch :]
         deadline: float | None = time.monotonic() + self.max_wait_s if records else None
         while len(records) < self.max_batch and not self._stop.is_set():

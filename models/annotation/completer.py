@@ -8,12 +8,26 @@ Monte-Carlo estimators need: the final answer, the log-probability mass of the g
 
 from __future__ import annotations
 
+import hashlib
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-__all__ = ["AnswerChecker", "Completer", "FinishReason", "Rollout", "exact_match"]
+if TYPE_CHECKING:
+    from prmloop.models.backends.base import Generator, SamplingParams
+    from prmloop.models.prompts import StepFormat
+
+__all__ = [
+    "AnswerChecker",
+    "Completer",
+    "FinishReason",
+    "GeneratorCompleter",
+    "Rollout",
+    "exact_match",
+    "math_equivalent",
+]
 
 FinishReason = Literal["stop", "length"]
 
@@ -84,3 +98,72 @@ class Completer(Protocol):
 def exact_match(prediction: str, gold: str) -> bool:
     """Whitespace-insensitive string equality: enough for the simulator and for integer answers."""
     return prediction.strip() == gold.strip()
+
+
+def math_equivalent(prediction: str, gold: str) -> bool:
+    """math-verify equivalence (:func:`prmloop.models.grading.answers_equivalent`): the checker for real models."""
+    from prmloop.models.grading import answers_equivalent
+
+    return answers_equivalent(prediction, gold)
+
+
+class GeneratorCompleter:
+    """A :class:`Completer` over a model backend: ``n`` rollouts of a state in one ``Generator.rollouts`` call.
+
+    The state ``[q; a_1..a_t]`` is rendered exactly as the solution was sampled
+    (:func:`prmloop.models.prompts.solution_prompt` plus the steps in ``style``), so the model continues
+    with step ``t + 1``. The final answer of a rollout is :func:`prmloop.models.grading.extract_answer`
+    of the generated text (``None`` when it states none); a rollout cut by ``max_new_tokens`` reports
+    ``finish_reason="length"``, which the estimator counts and grades as wrong.
+
+    Seeds: every call gets a seed derived from ``(seed, question, t, draw)`` where ``draw`` counts the
+    calls for that state, so a re-run of the same annotation samples the same rollouts on engines that
+    honour seeds. One call at a time per completer (``lock``): local engines are not re-entrant; for a
+    server-side engine (vLLM, an OpenAI-compatible endpoint) pass ``lock=False`` to keep several
+    solutions' rollouts in flight.
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        *,
+        style: StepFormat = "step_k",
+        params: SamplingParams | None = None,
+        seed: int = 0,
+        name: str | None = None,
+        lock: bool = True,
+    ) -> None:
+        from prmloop.models.backends.base import SamplingParams
+
+        self.generator = generator
+        self.style = style
+        self.params = params or SamplingParams(temperature=0.7, max_new_tokens=384)
+        self.seed = seed
+        self.name = name or generator.model_name
+        self._lock: threading.Lock | None = threading.Lock() if lock else None
+        self._draws: dict[tuple[str, int], int] = {}
+        self._draw_lock = threading.Lock()
+
+    def prefix(self, question: str, steps: Sequence[str]) -> str:
+        """The text a rollout from the state through ``steps`` continues."""
+        from prmloop.models.prompts import format_steps, solution_prompt
+
+        return solution_prompt(self.generator, question, self.style) + format_steps(steps, self.style)
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        from prmloop.models.grading import extract_answer
+
+        with self._draw_lock:
+            draw = self._draws.get((question, len(steps)), 0)
+            self._draws[(question, len(steps))] = draw + 1
+        digest = hashlib.blake2b(f"{self.seed}|{question}|{len(steps)}|{draw}".encode(), digest_size=4).digest()
+        params = self.params.model_copy(update={"n": n, "seed": int.from_bytes(digest, "big") & 0x7FFFFFFF})
+        prefix = self.prefix(question, steps)
+        if self._lock is None:
+            completions = self.generator.rollouts(prefix, n, params)
+        else:
+            with self._lock:
+                completions = self.generator.rollouts(prefix, n, params)
+        if len(completions) != n:
+            raise RuntimeError(f"{self.name} returned {len(completions)} rollouts for {n} requested")
+        return [Rollout.from_logprobs(extract_answer(c.text), c.logprobs, c.finish_reason) for c in completions]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from prmloop.consumers.scorer import IdleStop, StepScorer, run_scorer, teacher_forced_logprobs
+from prmloop.consumers.scorer import StepScorer, run_scorer, teacher_forced_logprobs
 from prmloop.models.backends.base import ScoredText
 from prmloop.models.prompts import format_steps, solution_prompt
 from prmloop.store.consumer import ConsumedEvent
@@ -109,21 +109,6 @@ def test_an_unknown_question_is_rejected(tiny_backend: TransformersBackend) -> N
     published, [(_, reason)] = _score(handler, _sampled("s-lost", qid="q-unknown"))
     assert published == [] and handler.rejected == 1
     assert "'q-unknown'" in reason and "publish QuestionRegistered" in reason
-
-
-def test_idle_stop_counts_from_readiness_and_restarts_on_touch() -> None:
-    now, ready = [0.0], [False]
-    idle = IdleStop(2.0, ready=lambda: ready[0], clock=lambda: now[0])
-    now[0] = 10.0
-    assert not idle()  # still joining: the clock has not started
-    ready[0] = True
-    assert not idle()
-    now[0] = 11.0
-    idle.touch()
-    now[0] = 12.5
-    assert not idle()
-    now[0] = 13.0
-    assert idle()
 
 
 class GenericScorer:
