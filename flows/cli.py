@@ -394,6 +394,7 @@ def annotate(  # noqa: PLR0917 - one parameter per command-line option
         "prmloop-annotator"
     ),
     until_idle: Annotated[float | None, typer.Option(help="exit after this many seconds without new solutions")] = None,
+    topic: Annotated[str, typer.Option(help="read solutions from this topic")] = ("solutions.sampled"),
     sim_n: Annotated[int, typer.Option(help="simulator: the world's size (as given to `prmloop simulate`)")] = 100,
     sim_seed: Annotated[int, typer.Option(help="simulator: the world's seed")] = 0,
     correlation: Annotated[float, typer.Option(help="simulator: uncertainty-error correlation")] = 0.7,
@@ -453,12 +454,91 @@ def annotate(  # noqa: PLR0917 - one parameter per command-line option
         completer_refs=refs,
         checker=checker,
         group_id=group,
+        topic=topic,
         max_in_flight=in_flight,
         outbox_dir=StateSettings().outbox_dir,
         until=stop.is_set,
         idle_timeout_s=until_idle,
     )
     typer.echo(json.dumps(summary))
+
+
+@eval_app.command("annotate")
+def eval_annotate_cmd(  # noqa: PLR0917 - one parameter per command-line option
+    file: Annotated[Path | None, typer.Option(help="ProcessBench file (default: processbench/gsm8k.json)")] = None,
+    limit: Annotated[int, typer.Option(help="solutions with a wrong final answer to label")] = 5,
+    strategy: Annotated[str, typer.Option(help="sequential, binary, adaptive_binary or uncertainty_driven")] = (
+        "adaptive_binary"
+    ),
+    n0: Annotated[int, typer.Option(help="first rollouts per state (fixed count for sequential/binary)")] = 8,
+    n_min: Annotated[int, typer.Option(help="grow until this many correct rollouts")] = 4,
+    n_max: Annotated[int, typer.Option(help="at most this many rollouts per state")] = 16,
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded), a folder, or a served model name")] = "smollm2",
+    backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
+    threads: Annotated[int | None, typer.Option(help="transformers: torch CPU threads")] = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.7,
+    seed: int = 0,
+) -> None:
+    """Label ProcessBench solutions with a real completer; agreement with the human first-error labels."""
+    from prmloop.flows.eval_annotate import evaluate_processbench
+
+    options: dict[str, Any] = {"num_threads": threads} if threads is not None else {}
+    summary = evaluate_processbench(
+        file,
+        limit=limit,
+        strategy=strategy,
+        n0=n0,
+        n_min=n_min,
+        n_max=max(n_max, n0),
+        backend={"backend": backend, "model": model, "options": options},
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        progress=lambda row: err.print(
+            f"{row['id']}: human {row['human_first_error']}, predicted {row['predicted_first_error']} "
+            f"({row['status']}), {row['rollouts']} rollouts, {row['wall_s']}s",
+            soft_wrap=True,
+        ),
+    )
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def score(  # noqa: PLR0917 - one parameter per command-line option
+    model: Annotated[
+        str | None, typer.Option(help="teacher-force solutions without log-probs with this model ('smollm2', ...)")
+    ] = None,
+    backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
+    threads: Annotated[int | None, typer.Option(help="transformers: torch CPU threads")] = None,
+    temperature: Annotated[float, typer.Option(help="T of UnPRM's softmax (1 paper, 5 code)")] = 1.0,
+    group: Annotated[str, typer.Option(help="consumer group")] = "prmloop-scorer",
+    max_batch: Annotated[int, typer.Option(help="solutions per batch")] = 64,
+    until_idle: Annotated[float | None, typer.Option(help="exit after this many seconds without new solutions")] = None,
+) -> None:
+    """Score each sampled solution's steps: u(s_t), Δu and step order (`steps.scored`, UnPRM Alg. 1)."""
+    from prmloop.consumers.scorer import run_scorer
+    from prmloop.models.backends.registry import BackendConfig
+    from prmloop.store.kafka import ensure_topics
+
+    stop = _stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    config = None
+    if model is not None:
+        options: dict[str, Any] = {"num_threads": threads} if threads is not None else {}
+        config = BackendConfig(backend=backend, model=model, options=options)
+    err.print(f"scorer: {model or 'sampled log-probs only'} on {servers}, group {group}", soft_wrap=True)
+    counters = run_scorer(
+        bootstrap_servers=servers,
+        backend=config,
+        group_id=group,
+        temperature=temperature,
+        max_batch=max_batch,
+        until=stop.is_set,
+        until_idle_s=until_idle,
+    )
+    typer.echo(json.dumps(counters))
 
 
 @app.command()

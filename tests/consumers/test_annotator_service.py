@@ -1,0 +1,156 @@
+"""The annotator as a running service (`prmloop annotate`) on a real broker, under faults:
+killed in the middle of a solution and restarted; two processes sharing one consumer group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+from kafka import KafkaConsumer, TopicPartition
+
+from prmloop.consumers.annotator import Annotator
+from prmloop.flows.simulate import SIMULATOR_REF, simulated_events, simulated_solution_id
+from prmloop.models.annotation.strategies import AdaptiveBinarySearch
+from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.events import Envelope, SolutionSampled, StepsLabeled, decode_stored_form, encode_event
+from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.topics import TopicSpec, dlq_topic
+
+
+def publish_world(servers: str, n: int, seed: int, partitions: int = 4) -> tuple[str, list[SimulatedSolution]]:
+    """Simulated questions and step scores on their usual topics, the solutions on a private topic."""
+    topic = f"test-annotate-{uuid.uuid4().hex[:8]}"
+    ensure_topics(servers)
+    ensure_topics(servers, [TopicSpec(topic, partitions), TopicSpec(dlq_topic(topic), 1)])
+    solutions = simulate_solutions(n, seed=seed)
+    events = simulated_events(solutions, seed)
+    with EventProducer(servers) as producer:
+        producer.publish([e for e in events if not isinstance(e.payload, SolutionSampled)])
+        for e in events:
+            if isinstance(e.payload, SolutionSampled):
+                producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
+    return topic, solutions
+
+
+def annotator(
+    servers: str, topic: str, group: str, world: tuple[int, int], home: Path, *extra: str
+) -> subprocess.Popen[str]:
+    """`prmloop annotate` on the simulated world ``(n, seed)`` reading ``topic``."""
+    n, seed = world
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": servers, "PRMLOOP_HOME": str(home)}
+    command = [sys.executable, "-m", "prmloop.flows.cli", "annotate", "--completer", "simulator"]
+    command += ["--sim-n", str(n), "--sim-seed", str(seed), "--topic", topic, "--group", group, *extra]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def labels_of(servers: str, solution_ids: set[str]) -> dict[str, list[Envelope]]:
+    """Every StepsLabeled event on `steps.labeled` for ``solution_ids``, in log order per partition."""
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(StepsLabeled.TOPIC, p) for p in consumer.partitions_for_topic(StepsLabeled.TOPIC)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        end = consumer.end_offsets(partitions)
+        out: dict[str, list[Envelope]] = defaultdict(list)
+        while any(consumer.position(tp) < end[tp] for tp in partitions):
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    event, _ = decode_stored_form(record.value)
+                    if isinstance(event.payload, StepsLabeled) and event.payload.solution_id in solution_ids:
+                        out[event.payload.solution_id].append(event)
+        return out
+    finally:
+        consumer.close()
+
+
+def wait_for_labels(servers: str, ids: set[str], at_least: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(labels_of(servers, ids)) < at_least:
+        assert time.monotonic() < deadline, f"fewer than {at_least} solutions labelled after {timeout_s}s"
+        time.sleep(0.5)
+
+
+def summary_of(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, object]:
+    out, errors = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, errors
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_a_killed_annotator_labels_each_solution_once_after_restart(kafka_bootstrap: str, tmp_path: Path) -> None:
+    n, seed = 12, 9001
+    topic, solutions = publish_world(kafka_bootstrap, n, seed)
+    ids = {simulated_solution_id(seed, i) for i in range(n)}
+    group = f"annotator-{topic}"
+    first = annotator(kafka_bootstrap, topic, group, (n, seed), tmp_path, "--sim-latency", "0.08")
+    try:
+        wait_for_labels(kafka_bootstrap, ids, at_least=3, timeout_s=120)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        _, errors = first.communicate(timeout=30)
+        print(errors)  # shown when the test fails
+    partial = labels_of(kafka_bootstrap, ids)
+    assert 3 <= len(partial) < n, "the kill should land in the middle of the stream"
+
+    second = annotator(kafka_bootstrap, topic, group, (n, seed), tmp_path, "--until-idle", "4")
+    summary = summary_of(second, timeout_s=180)
+    labels = labels_of(kafka_bootstrap, ids)
+    assert set(labels) == ids, f"unlabelled: {sorted(ids - set(labels))}"
+    for solution_id, events in labels.items():
+        assert len({e.event_id for e in events}) == 1, f"{solution_id} got different labels: {events}"
+    # The restart did not redo what was committed: at most the batch in hand when killed is repeated.
+    assert int(summary["published"]) <= n - len(partial) + 1  # type: ignore[call-overload]
+    truth = {simulated_solution_id(seed, i): s.first_error_step for i, s in enumerate(solutions)}
+    hits = sum(labels[k][0].payload.first_error_step == v for k, v in truth.items())  # type: ignore[union-attr]
+    assert hits >= n - 2  # adaptive binary search is ~97% accurate on the default simulator
+
+
+def test_two_annotators_in_one_group_share_the_work(kafka_bootstrap: str, tmp_path: Path) -> None:
+    n, seed = 24, 9002
+    topic, _ = publish_world(kafka_bootstrap, n, seed)
+    ids = {simulated_solution_id(seed, i) for i in range(n)}
+    group = f"annotator-{topic}"
+    extra = ("--sim-latency", "0.1", "--until-idle", "5")
+    procs = [annotator(kafka_bootstrap, topic, group, (n, seed), tmp_path, *extra) for _ in range(2)]
+    summaries = [summary_of(p, timeout_s=240) for p in procs]
+    labels = labels_of(kafka_bootstrap, ids)
+    assert set(labels) == ids
+    for solution_id, events in labels.items():
+        assert len({e.event_id for e in events}) == 1, f"{solution_id} got different labels"
+    published = [int(s["published"]) for s in summaries]  # type: ignore[call-overload]
+    assert all(p > 0 for p in published), f"one process did no work: {summaries}"
+    assert sum(published) >= n
+
+
+def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
+    solutions = simulate_solutions(8, seed=77)
+    events = [e for e in simulated_events(solutions, 77) if isinstance(e.payload, SolutionSampled)]
+    batch = [ConsumedEvent(e, "solutions.sampled", 0, i, 0) for i, e in enumerate(events)]
+    texts = {e.payload.question_id: s.question for e, s in zip(events, solutions, strict=True)}  # type: ignore[union-attr]
+    results = []
+    for in_flight in (1, 4):
+        published: list[list[Envelope]] = []
+        handler = Annotator(
+            AdaptiveBinarySearch(),
+            [SimulatedCompleter(solutions, seed=77)],
+            [SIMULATOR_REF],
+            published.append,
+            question_text=texts.__getitem__,
+            max_in_flight=in_flight,
+        )
+        assert list(handler(batch)) == []
+        handler.close()
+        (out,) = published
+        labels = {e.payload.solution_id: e.payload.model_dump() for e in out}  # type: ignore[union-attr]
+        for label in labels.values():
+            label["cost"].pop("wall_time_s")  # the only field allowed to differ
+        results.append(labels)
+    assert results[0] == results[1]
+    assert len(results[0]) == 8
