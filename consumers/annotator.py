@@ -104,6 +104,15 @@ class AnnotatorStats:
         self.generated_tokens = 0
         self.verified_steps = 0
         self.failures: Counter[str] = Counter()
+        #: Wall-clock (``time.time()``) when the first solution was taken up and the last label published:
+        #: the busy window, without start-up and group-join time (what the scaling benchmark compares).
+        self.first_started: float | None = None
+        self.last_published: float | None = None
+
+    def started(self) -> None:
+        with self._lock:
+            if self.first_started is None:
+                self.first_started = time.time()
 
     def add(self, annotation: Annotation) -> None:
         with self._lock:
@@ -130,6 +139,8 @@ class AnnotatorStats:
                 "generated_tokens": self.generated_tokens,
                 "verified_steps": self.verified_steps,
                 "failures": dict(self.failures),
+                "first_started": self.first_started,
+                "last_published": self.last_published,
             }
 
 
@@ -198,6 +209,7 @@ class Annotator:
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
         todo = [c for c in batch if isinstance(c.event.payload, SolutionSampled)]
+        self.stats.started()
         if self.max_in_flight == 1 or len(todo) <= 1:
             results = [self._one(c) for c in todo]
         else:
@@ -217,6 +229,7 @@ class Annotator:
         if out:
             self.publish(out)
             self.stats.count("published", len(out))
+            self.stats.last_published = time.time()
         self.stats.count("rejected", len(rejected))
         if failed:
             raise RuntimeError("; ".join(failed))

@@ -234,6 +234,18 @@ def bench_annotate_cmd(
     typer.echo(json.dumps(bench_annotate(n_solutions=n_solutions, quick=quick, correlation=correlation, seed=seed)))
 
 
+@bench_app.command("annotator")
+def bench_annotator_cmd(
+    n_solutions: Annotated[int, typer.Option("--solutions", help="simulated incorrect solutions")] = 48,
+    latency: Annotated[float, typer.Option(help="simulated engine seconds per batched rollout call")] = 0.05,
+    seed: int = 0,
+) -> None:
+    """Annotator service throughput: 1 process, 2 processes in one group, 1 process with 4 in flight."""
+    from prmloop.flows.bench_annotator import bench_annotator
+
+    typer.echo(json.dumps(bench_annotator(n_solutions=n_solutions, latency_s=latency, seed=seed)))
+
+
 @bench_app.command("aggregate")
 def bench_aggregate_cmd(
     pool: Annotated[Path | None, typer.Option(help="Best-of-N pool (default: the GSM8K pool)")] = None,
