@@ -1,0 +1,97 @@
+"""The completer over a real model backend (the tiny random Llama): what the MC estimators receive."""
+
+from __future__ import annotations
+
+import math
+
+from prmloop.consumers.annotator import Annotator
+from prmloop.models.annotation.completer import GeneratorCompleter, Rollout, math_equivalent
+from prmloop.models.annotation.estimate import Sampling
+from prmloop.models.annotation.strategies import AdaptiveBinarySearch, SolutionToLabel, annotate
+from prmloop.models.backends.base import SamplingParams
+from prmloop.models.backends.transformers_backend import TransformersBackend
+from prmloop.models.prompts import format_steps, solution_prompt
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionSampled, make_event
+
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+STEPS = ("Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 8.")
+
+
+def test_rollouts_continue_the_state_as_it_was_sampled(tiny_backend: TransformersBackend) -> None:
+    completer = GeneratorCompleter(tiny_backend, params=SamplingParams(temperature=1.0, max_new_tokens=12))
+    assert completer.prefix(QUESTION, STEPS[:1]) == solution_prompt(tiny_backend, QUESTION, "step_k") + format_steps(
+        STEPS[:1], "step_k"
+    )
+    rollouts = completer.complete(QUESTION, STEPS[:1], 3)
+    assert len(rollouts) == 3 and all(isinstance(r, Rollout) for r in rollouts)
+    for r in rollouts:
+        assert 1 <= r.tokens <= 12 and r.token_logprobs is not None and len(r.token_logprobs) == r.tokens
+        assert math.isclose(r.sum_logprob, math.fsum(r.token_logprobs)) and r.sum_logprob < 0
+        # A random model rarely stops inside 12 tokens; when it does not, the rollout says so.
+        assert r.finish_reason == ("length" if r.tokens == 12 else "stop")
+
+
+def test_rollouts_are_reproducible_per_state_and_draw(tiny_backend: TransformersBackend) -> None:
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    a, b = GeneratorCompleter(tiny_backend, params=params), GeneratorCompleter(tiny_backend, params=params)
+    first = a.complete(QUESTION, STEPS[:1], 2)
+    assert first == b.complete(QUESTION, STEPS[:1], 2)  # same state, same draw: same rollouts
+    assert a.complete(QUESTION, STEPS[:1], 2) != first  # the next draw of that state differs
+    other_seed = GeneratorCompleter(tiny_backend, params=params, seed=1).complete(QUESTION, STEPS[:1], 2)
+    assert other_seed != first
+
+
+def test_a_random_model_never_reaches_the_answer_and_the_ledger_says_why(tiny_backend: TransformersBackend) -> None:
+    completer = GeneratorCompleter(tiny_backend, params=SamplingParams(temperature=1.0, max_new_tokens=6))
+    strategy = AdaptiveBinarySearch(sampling=Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    result = annotate(SolutionToLabel(QUESTION, STEPS, "7", False), strategy, [completer], checker=math_equivalent)
+    # MC(s_0) = 0, so every state is at or below alpha * 0: binary search walks left to step 0.
+    assert result.status == "labelled" and result.first_error_step == 0
+    assert result.labels == (False, False)
+    assert result.cost.rollouts == sum(e.rollouts for e in result.estimates) > 0
+    assert result.cost.generated_tokens > 0
+    assert sum(result.cost.failures.values()) == result.cost.rollouts  # all cut by length or unparseable
+
+
+class FailingCompleter:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, question: str, steps: tuple[str, ...], n: int) -> list[Rollout]:
+        self.calls += 1
+        raise RuntimeError("engine down")
+
+
+def test_a_solution_that_keeps_aborting_is_dead_lettered_on_the_third_try() -> None:
+    payload = SolutionSampled(
+        solution_id="s-1",
+        question_id="q-1",
+        generator=ModelRef(backend="test", name="test"),
+        sampling=SamplingSpec(),
+        prompt_format="step_k",
+        text="\n".join(STEPS),
+        steps=STEPS,
+        final_answer="8",
+        correct=False,
+        gold_answer="7",
+    )
+    batch = [ConsumedEvent(make_event(payload, producer="test"), "solutions.sampled", 0, 0, 0)]
+    published: list[list[Envelope]] = []
+    completer = FailingCompleter()
+    handler = Annotator(
+        AdaptiveBinarySearch(), [completer], [ModelRef(backend="test", name="broken")], published.append
+    )
+    for attempt in range(2):
+        try:
+            handler(batch)
+        except RuntimeError as error:  # the runtime retries the batch with backoff
+            assert "aborted" in str(error) and "engine down" in str(error)
+        else:
+            raise AssertionError(f"attempt {attempt} should have failed the batch")
+    rejected = list(handler(batch))
+    assert len(rejected) == 1 and "given up" in rejected[0][1]
+    assert published == [] and completer.calls == 9  # 3 attempts of the first state, 3 batch tries
+    assert handler.stats.as_dict()["aborted"] == 3
