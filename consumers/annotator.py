@@ -316,10 +316,12 @@ def run_annotator(
     outbox_dir: Path | None = None,
     until: Callable[[], bool] | None = None,
     idle_timeout_s: float | None = None,
+    max_solutions: int | None = None,
     lookup_timeout_s: float = 30.0,
     install_signal_handlers: bool = True,
 ) -> dict[str, Any]:
-    """Run the annotator until SIGTERM/SIGINT, ``until()``, or ``idle_timeout_s`` without new solutions.
+    """Run the annotator until SIGTERM/SIGINT, ``until()``, ``idle_timeout_s`` without new solutions, or
+    ``max_solutions`` incorrect solutions labelled (what is left stays uncommitted for the next run).
 
     Reads ``topic`` in consumer group ``group_id`` (start more processes with the same group to share
     the partitions), looks question texts up in ``questions.registered`` and (for
@@ -364,8 +366,14 @@ def run_annotator(
         max_batch=max_batch or max_in_flight,
         name="annotator",
     )
+
+    def done() -> bool:
+        if max_solutions is not None and handler.stats.counts["labelled"] >= max_solutions:
+            return True
+        return until is not None and until()
+
     try:
-        stats = runtime.run(until=until, idle_timeout_s=idle_timeout_s, install_signal_handlers=install_signal_handlers)
+        stats = runtime.run(until=done, idle_timeout_s=idle_timeout_s, install_signal_handlers=install_signal_handlers)
     finally:
         handler.close()
         producer.close()

@@ -186,12 +186,13 @@ def demo(
     questions: Annotated[int, typer.Option(help="GSM8K questions to sample with SmolLM2")] = 3,
     k: Annotated[int, typer.Option("-k", help="solutions per question")] = 4,
     synthetic: Annotated[int, typer.Option(help="synthetic label events to publish as well")] = 5_000,
+    annotate: Annotated[int, typer.Option(help="incorrect solutions to label with SmolLM2 rollouts")] = 1,
     db: DbOption = None,
 ) -> None:
-    """The main job on embedded defaults: broker, sink, sample (Prefect flow), store, query."""
+    """The main job on embedded defaults: broker, sink, sample (Prefect flow), score, annotate, store, query."""
     from prmloop.flows.demo import run_demo
 
-    run_demo(n_events=synthetic, db_path=db, questions=questions, k=k)
+    run_demo(n_events=synthetic, db_path=db, questions=questions, k=k, annotate=annotate)
 
 
 @bench_app.command("sink")

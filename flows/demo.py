@@ -2,9 +2,11 @@
 
 It starts the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one) and the sink, runs the
 Prefect ``sample`` flow on a few GSM8K questions with the embedded SmolLM2 (real solutions, token
-log-probs, uncertainty, grades), optionally adds a stream of synthetic label events, waits until
-every event is queryable, and shows the result with SQL. The DuckDB file stays in ``$PRMLOOP_HOME``
-for ``prmloop sql`` afterwards.
+log-probs, uncertainty, grades), scores every sampled solution's steps (``steps.scored``), labels the
+first ``annotate`` incorrect ones with SmolLM2 rollouts (adaptive binary search, small sample counts
+so it fits a laptop), optionally adds a stream of synthetic label events, waits until every event is
+queryable, and shows the result with SQL. The DuckDB file stays in ``$PRMLOOP_HOME`` for
+``prmloop sql`` afterwards.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ DEMO_QUERIES = {
         "SELECT question_id, count(*) AS solutions, sum(correct::INT) AS correct, "
         "round(avg(entropy), 3) AS mean_entropy, sum(completion_tokens) AS tokens "
         "FROM solutions GROUP BY ALL ORDER BY question_id LIMIT 10"
+    ),
+    "step uncertainty of the first sampled solution (UnPRM Δu)": (
+        "SELECT step_index, round(uncertainty, 3) AS u, round(uncertainty_delta, 3) AS delta_u FROM step_scores "
+        "WHERE solution_id = (SELECT min(solution_id) FROM step_scores) ORDER BY step_index LIMIT 12"
     ),
     "events per type": "SELECT event_type, count(*) AS events FROM events GROUP BY ALL ORDER BY events DESC",
     "first-error position of labelled incorrect solutions": (
@@ -64,9 +70,46 @@ def _stored(db: Path) -> int:
         return -1
 
 
-def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3, k: int = 4) -> None:
+def _score_and_annotate(console: Console, servers: str, annotate: int) -> int:
+    """Score the sampled solutions' steps, then label ``annotate`` incorrect ones; events published."""
+    from prmloop.consumers.annotator import run_annotator
+    from prmloop.consumers.scorer import run_scorer
+    from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
+    from prmloop.models.annotation.estimate import Sampling
+    from prmloop.models.annotation.strategies import AdaptiveBinarySearch
+    from prmloop.models.backends.base import SamplingParams
+    from prmloop.models.backends.registry import BackendConfig, build_backend
+    from prmloop.store.events import ModelRef
+
+    counters = run_scorer(bootstrap_servers=servers, until_idle_s=5, install_signal_handlers=False)
+    console.print(f"scored the steps of {counters['published']} solutions from their own token log-probs")
+    if annotate <= 0:
+        return int(counters["published"])
+    engine = build_backend(BackendConfig())
+    completer = GeneratorCompleter(engine, params=SamplingParams(temperature=0.7, max_new_tokens=160))
+    strategy = AdaptiveBinarySearch(sampling=Sampling(n0=4, n_min_correct=2, n_max=8, grow_by=4))
+    console.print(f"labelling {annotate} incorrect solution(s) with SmolLM2 rollouts (adaptive binary search)")
+    summary = run_annotator(
+        bootstrap_servers=servers,
+        strategy=strategy,
+        completers=[completer],
+        completer_refs=[ModelRef(backend="transformers", name=engine.model_name)],
+        checker=math_equivalent,
+        idle_timeout_s=10,
+        max_solutions=annotate,
+        install_signal_handlers=False,
+    )
+    console.print(
+        f"labelled {summary['labelled']} (+{summary['all_correct']} correct ones) with {summary['rollouts']} "
+        f"rollouts, {summary['generated_tokens']} tokens in {summary['wall_s']:.0f}s"
+    )
+    return int(counters["published"]) + int(summary["published"])
+
+
+def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3, k: int = 4, annotate: int = 1) -> None:
     """Sample ``questions`` GSM8K questions with the embedded SmolLM2 (``k`` solutions each) through
-    the Prefect ``sample`` flow, plus ``n_events`` synthetic events; store everything; query it."""
+    the Prefect ``sample`` flow, score their steps, label ``annotate`` of them with SmolLM2 rollouts,
+    add ``n_events`` synthetic events; store everything; query it."""
     console = Console()
     state = StateSettings()
     db = db_path or state.db_path
@@ -108,6 +151,7 @@ def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3,
                 f"sampled {summary['solutions']} solutions: {summary['correct']} correct, "
                 f"{summary['unparseable']} without a final answer, {summary['tokens_per_s']:.1f} tokens/s"
             )
+            expected += _score_and_annotate(console, servers, annotate)
         with EventProducer(servers, outbox=Outbox(state.outbox_dir, "demo")) as producer, Progress() as bar:
             if events:
                 publish = bar.add_task("publishing synthetic events", total=len(events))
