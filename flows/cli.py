@@ -554,6 +554,30 @@ def score(  # noqa: PLR0917 - one parameter per command-line option
     typer.echo(json.dumps(counters))
 
 
+@app.command("import")
+def import_cmd(
+    source: Annotated[str, typer.Argument(help="what to import: processbench")],
+    file: Annotated[Path, typer.Argument(help="the file, e.g. ../shared/data/processbench/gsm8k.json")],
+    limit: Annotated[int | None, typer.Option(help="only the first N solutions")] = None,
+) -> None:
+    """Publish solutions sampled elsewhere (ProcessBench) as questions and `solutions.sampled` events."""
+    from prmloop.flows.eval_annotate import load_processbench
+    from prmloop.flows.importer import processbench_events
+    from prmloop.store.kafka import EventProducer, ensure_topics
+
+    if source != "processbench":
+        raise typer.BadParameter(f"cannot import {source!r}; supported: processbench")
+    subset = "math" if "math" in file.stem else "gsm8k"
+    items = load_processbench(file, subset=subset)[:limit]
+    events = processbench_events(items, subset)
+    skipped = len(items) - sum(1 for e in events if e.event_type == "SolutionSampled")
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    with EventProducer(servers) as producer:
+        producer.publish(events)
+    typer.echo(json.dumps({"solutions": len(items) - skipped, "skipped_without_gold": skipped, "events": len(events)}))
+
+
 @app.command()
 def serve(
     model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
