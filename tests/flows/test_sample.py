@@ -18,9 +18,7 @@ from prmloop.models.questions import Question
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled, decode_event
 
 if TYPE_CHECKING:
-    from prmloop.models.backends.transformers_backend import TransformersBackend
-
-TINY_BACKEND = "tiny-random-test"
+    from prmloop.models.backends.registry import BackendConfig
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> Path:
@@ -109,53 +107,6 @@ def test_sample_question_keeps_the_most_uncertain_and_builds_events() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_backend_name() -> str:
-    """Registers a backend that builds a random 2-layer Llama over SmolLM2's vocabulary (built once)."""
-    from prmloop.models.backends.registry import BACKENDS, BackendConfig, register_backend
-
-    built: list[TransformersBackend] = []
-
-    def factory(config: BackendConfig) -> TransformersBackend:
-        if not built:
-            built.append(_tiny_backend())
-        return built[0]
-
-    if TINY_BACKEND not in BACKENDS:
-        register_backend(TINY_BACKEND)(factory)
-    return TINY_BACKEND
-
-
-def _tiny_backend() -> TransformersBackend:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from prmloop.models.backends.embedded import smollm2_gguf_path
-    from prmloop.models.backends.transformers_backend import TransformersBackend
-
-    path = smollm2_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tokenizer.padding_side = "left"
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(8.0)
-    return TransformersBackend(model, tokenizer, model_name="tiny-random-llama", max_batch_size=16)
-
-
-@pytest.fixture(scope="module")
 def prefect_api() -> Iterator[None]:
     from prefect.testing.utilities import prefect_test_harness
 
@@ -190,7 +141,7 @@ def read_events(servers: str, topics: Sequence[str], question_ids: set[str]) -> 
 
 def test_flow_publishes_solutions_and_rerunning_publishes_the_same_ids(
     prefect_api: None,
-    tiny_backend_name: str,
+    tiny_backend_config: BackendConfig,
     kafka_bootstrap: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -216,7 +167,7 @@ def test_flow_publishes_solutions_and_rerunning_publishes_the_same_ids(
         "max_new_tokens": 12,
         "prompt_format": "double_newline",
         "publish_unselected": True,  # the random model rarely states an answer: publish all to check them
-        "backend": {"backend": tiny_backend_name, "model": "tiny"},
+        "backend": tiny_backend_config,
         "bootstrap_servers": kafka_bootstrap,
         "progress": False,
     }
