@@ -545,29 +545,36 @@ def sample(  # noqa: PLR0917 - Prefect flow parameters are keyword arguments in 
 
     See :func:`run_sample` for the parameters; returns the same summary.
     """
-    config = SampleConfig(
-        k=k,
-        m=m,
-        n=n,
-        strategy=strategy,
-        seed=seed,
-        prompt_format=prompt_format,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        uncertainty_temperature=uncertainty_temperature,
-        publish_unselected=publish_unselected,
-    )
+    return _run_parameters(use_prefect=True, parameters=dict(locals()))
+
+
+_CONFIG_FIELDS = (
+    "k",
+    "m",
+    "n",
+    "strategy",
+    "seed",
+    "prompt_format",
+    "temperature",
+    "max_new_tokens",
+    "uncertainty_temperature",
+    "publish_unselected",
+)
+
+
+def _run_parameters(*, use_prefect: bool, parameters: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline for the keyword parameters of :func:`sample` / :func:`run_sample`."""
     return _pipeline(
-        use_prefect=True,
-        dataset=dataset,
-        file=file,
-        limit=limit,
-        split=split,
-        config=config,
-        backend=backend or {},
-        batch_size=batch_size,
-        bootstrap_servers=bootstrap_servers,
-        progress=progress,
+        use_prefect=use_prefect,
+        dataset=parameters["dataset"],
+        file=parameters["file"],
+        limit=parameters["limit"],
+        split=parameters["split"],
+        config=SampleConfig(**{name: parameters[name] for name in _CONFIG_FIELDS}),
+        backend=parameters["backend"] or {},
+        batch_size=parameters["batch_size"],
+        bootstrap_servers=parameters["bootstrap_servers"],
+        progress=parameters["progress"],
     )
 
 
@@ -639,27 +646,4 @@ def run_sample(
     }
     if prefect:
         return sample(**kwargs)
-    config = SampleConfig(
-        k=k,
-        m=m,
-        n=n,
-        strategy=strategy,
-        seed=seed,
-        prompt_format=prompt_format,
-        temperature=temperature,
-        max_new_tokens=max_new_tokens,
-        uncertainty_temperature=uncertainty_temperature,
-        publish_unselected=publish_unselected,
-    )
-    return _pipeline(
-        use_prefect=False,
-        dataset=dataset,
-        file=kwargs["file"],
-        limit=limit,
-        split=split,
-        config=config,
-        backend=backend_dict,
-        batch_size=batch_size,
-        bootstrap_servers=bootstrap_servers,
-        progress=progress,
-    )
+    return _run_parameters(use_prefect=False, parameters=kwargs)
