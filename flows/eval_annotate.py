@@ -12,7 +12,9 @@ does for imported data). Solutions with a wrong final answer are the ones an MC 
 ProcessBench solutions whose final answer is right but whose process is wrong are labelled all-correct
 by outcome-based annotation (reported separately: MC labelling cannot see those errors).
 
-Agreement: ``first_error_accuracy`` (predicted first error == human label), ``step_accuracy`` (per-step
+A completer that never reaches the gold answer from the question alone (MC(s_0) = 0, counted as
+``unresolved``; ``completer_solved_s0`` counts the others) cannot locate an error: such solutions get
+no label. Agreement: ``first_error_accuracy`` (predicted first error == human label), ``step_accuracy`` (per-step
 labels, steps before the first error True), ``within_one`` (|predicted - human| <= 1), over the
 labelled solutions; cost: rollouts, generated tokens, verified states, wall time.
 """
@@ -162,6 +164,8 @@ def evaluate_processbench(
         "sampling": {"n0": n0, "n_min": n_min, "n_max": n_max, "max_new_tokens": max_new_tokens},
         "solutions": len(rows),
         "labelled": len(labelled),
+        "unresolved": sum(r["status"] == "unresolved" for r in rows),
+        "completer_solved_s0": sum(bool(r["estimates"]) and r["estimates"][0][3] > 0 for r in rows),
         "first_error_accuracy": round(
             sum(r["predicted_first_error"] == r["human_first_error"] for r in labelled) / n, 4
         ),

@@ -188,6 +188,8 @@ class AdaptiveBinarySearch:
     - Eq. 3: ``C(a_t) = MC_PPL(s_t) / MC_PPL(s_0)``; step ``a_t`` is wrong when ``C(a_t) <= alpha``,
       i.e. ``MC_PPL(s_mid) <= H = alpha * V`` (l. 11).
     - l. 4-5: the first midpoint follows Eq. 5 when the solution has at least 4 steps.
+    - ``MC_PPL(s_0) = 0`` (no rollout from the question reaches the answer, even after N_max): the
+      search is undefined and the solution stays unlabelled (``unresolved``) rather than blaming step 0.
     """
 
     alpha: float = 0.5
@@ -201,6 +203,11 @@ class AdaptiveBinarySearch:
 
     def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
         s0 = estimator.estimate(-1, self.sampling)
+        if s0.correct_rollouts == 0:
+            # The completers never solve the question: C(a_t) = MC_PPL(s_t) / 0 is undefined and every
+            # state would fall at or below H = 0, labelling step 0 wrong whatever the solution says.
+            # No label (status "unresolved"); a stronger completer or an easier question is needed.
+            return None
         per_state = Sampling.fixed(max(1, s0.rollouts // len(estimator.completers)))
         threshold = self.alpha * s0.value
         n_steps = estimator.n_steps

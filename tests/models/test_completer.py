@@ -46,11 +46,11 @@ def test_a_random_model_never_reaches_the_answer_and_the_ledger_says_why(tiny_ba
     completer = GeneratorCompleter(tiny_backend, params=SamplingParams(temperature=1.0, max_new_tokens=6))
     strategy = AdaptiveBinarySearch(sampling=Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
     result = annotate(SolutionToLabel(QUESTION, STEPS, "7", False), strategy, [completer], checker=math_equivalent)
-    # MC(s_0) = 0, so every state is at or below alpha * 0: binary search walks left to step 0.
-    assert result.status == "labelled" and result.first_error_step == 0
-    assert result.labels == (False, False)
-    assert result.cost.rollouts == sum(e.rollouts for e in result.estimates) > 0
-    assert result.cost.generated_tokens > 0
+    # MC(s_0) = 0: the contribution is undefined, so no step is blamed (status unresolved, no labels).
+    assert result.status == "unresolved" and result.first_error_step is None and result.labels == ()
+    (s0,) = result.estimates
+    assert (s0.step_index, s0.rollouts, s0.correct_rollouts) == (-1, 4, 0)  # grew from 2 to N_max = 4
+    assert result.cost.rollouts == 4 and result.cost.generated_tokens > 0
     assert sum(result.cost.failures.values()) == result.cost.rollouts  # all cut by length or unparseable
 
 
