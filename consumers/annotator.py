@@ -321,7 +321,8 @@ def run_annotator(
     install_signal_handlers: bool = True,
 ) -> dict[str, Any]:
     """Run the annotator until SIGTERM/SIGINT, ``until()``, ``idle_timeout_s`` without new solutions, or
-    ``max_solutions`` incorrect solutions labelled (what is left stays uncommitted for the next run).
+    ``max_solutions`` incorrect solutions searched (labelled or unresolved; what is left stays uncommitted
+    for the next run).
 
     Reads ``topic`` in consumer group ``group_id`` (start more processes with the same group to share
     the partitions), looks question texts up in ``questions.registered`` and (for
@@ -368,7 +369,8 @@ def run_annotator(
     )
 
     def done() -> bool:
-        if max_solutions is not None and handler.stats.counts["labelled"] >= max_solutions:
+        counts = handler.stats.counts
+        if max_solutions is not None and counts["labelled"] + counts["unresolved"] >= max_solutions:
             return True
         return until is not None and until()
 

@@ -100,8 +100,9 @@ def _score_and_annotate(console: Console, servers: str, annotate: int) -> int:
         install_signal_handlers=False,
     )
     console.print(
-        f"labelled {summary['labelled']} (+{summary['all_correct']} correct ones) with {summary['rollouts']} "
-        f"rollouts, {summary['generated_tokens']} tokens in {summary['wall_s']:.0f}s"
+        f"labelled {summary['labelled']} (+{summary['all_correct']} correct ones; {summary['unresolved']} unresolved: "
+        f"the completer never reached the gold answer) with {summary['rollouts']} rollouts, "
+        f"{summary['generated_tokens']} tokens in {summary['wall_s']:.0f}s"
     )
     return int(counters["published"]) + int(summary["published"])
 
