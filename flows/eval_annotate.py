@@ -155,7 +155,6 @@ def evaluate_processbench(
         if progress is not None:
             progress(row)
     labelled = [r for r in rows if r["status"] == "labelled"]
-    n = max(len(labelled), 1)
     outcome_blind = sum(1 for i in usable if i.final_answer_correct and i.label >= 0)
     return {
         "file": str(path),
@@ -166,13 +165,10 @@ def evaluate_processbench(
         "labelled": len(labelled),
         "unresolved": sum(r["status"] == "unresolved" for r in rows),
         "completer_solved_s0": sum(bool(r["estimates"]) and r["estimates"][0][3] > 0 for r in rows),
-        "first_error_accuracy": round(
-            sum(r["predicted_first_error"] == r["human_first_error"] for r in labelled) / n, 4
-        ),
-        "within_one": round(
-            sum(abs(r["predicted_first_error"] - r["human_first_error"]) <= 1 for r in labelled) / n, 4
-        ),
-        "step_accuracy": round(sum(r["step_agreement"] for r in labelled) / n, 4),
+        # Agreement over the labelled solutions; None when none was labelled (not 0: nothing was compared).
+        "first_error_accuracy": _share(labelled, lambda r: r["predicted_first_error"] == r["human_first_error"]),
+        "within_one": _share(labelled, lambda r: abs(r["predicted_first_error"] - r["human_first_error"]) <= 1),
+        "step_accuracy": round(sum(r["step_agreement"] for r in labelled) / len(labelled), 4) if labelled else None,
         "rollouts": sum(r["rollouts"] for r in rows),
         "generated_tokens": sum(r["generated_tokens"] for r in rows),
         "verified_steps": sum(r["verified_steps"] for r in rows),
@@ -180,3 +176,7 @@ def evaluate_processbench(
         "outcome_blind_in_file": outcome_blind,
         "per_solution": rows,
     }
+
+
+def _share(rows: list[dict[str, Any]], hit: Callable[[dict[str, Any]], bool]) -> float | None:
+    return round(sum(hit(r) for r in rows) / len(rows), 4) if rows else None
