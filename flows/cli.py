@@ -322,6 +322,7 @@ def sample(  # noqa: PLR0917 - one parameter per command-line option
     publish_unselected: Annotated[bool, typer.Option(help="also publish solutions no strategy kept")] = False,
     backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
     model: Annotated[str, typer.Option(help="'smollm2' (embedded), a folder, or a served model name")] = "smollm2",
+    threads: Annotated[int | None, typer.Option(help="transformers: torch CPU threads (1 on a shared CPU)")] = None,
     batch_size: Annotated[int, typer.Option(help="questions per Prefect task")] = 4,
     use_prefect: Annotated[bool, typer.Option("--prefect/--no-prefect", help="run as the Prefect flow")] = True,
 ) -> None:
@@ -345,7 +346,7 @@ def sample(  # noqa: PLR0917 - one parameter per command-line option
         max_new_tokens=max_new_tokens,
         uncertainty_temperature=uncertainty_temperature,
         publish_unselected=publish_unselected,
-        backend={"backend": backend, "model": model},
+        backend={"backend": backend, "model": model, "options": {"num_threads": threads} if threads else {}},
         batch_size=batch_size,
         prefect=use_prefect,
     )
