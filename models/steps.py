@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from prmloop.models.backends.base import tokens_perplexity
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -80,9 +82,7 @@ class TokenStep:
     @property
     def perplexity(self) -> float:
         """``exp(-mean log p)`` over the step's tokens (EpicPRM eq. 3); ``inf`` for a step with no tokens."""
-        if not self.logprobs:
-            return math.inf
-        return math.exp(-self.sum_logprob / len(self.logprobs))
+        return tokens_perplexity(self.logprobs)
 
 
 def _detect(text: str) -> Literal["step_k", "double_newline"]:

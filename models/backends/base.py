@@ -30,9 +30,17 @@ __all__ = [
     "SamplingParams",
     "ScoredText",
     "Scorer",
+    "tokens_perplexity",
 ]
 
 FinishReason = Literal["stop", "length"]
+
+
+def tokens_perplexity(logprobs: Sequence[float]) -> float:
+    """``exp(-(1/L) sum_i log p_i)`` of a token sequence (EpicPRM eq. 3); ``inf`` for no tokens."""
+    if not logprobs:
+        return math.inf
+    return math.exp(-math.fsum(logprobs) / len(logprobs))
 
 
 class SamplingParams(BaseModel):
@@ -115,9 +123,7 @@ class ScoredText:
     @property
     def perplexity(self) -> float:
         """``exp(-mean log p)``, the PPL of EpicPRM eq. 3 (``inf`` for an empty continuation)."""
-        if not self.logprobs:
-            return math.inf
-        return math.exp(-self.sum_logprob / len(self.logprobs))
+        return tokens_perplexity(self.logprobs)
 
 
 @runtime_checkable
