@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from prmloop.models.questions import data_dir
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.kafka import ensure_topics
 
@@ -111,3 +113,12 @@ def tiny_backend_config(tiny_backend: TransformersBackend) -> BackendConfig:
 
     BACKENDS[TINY_BACKEND] = lambda _config: tiny_backend
     return BackendConfig(backend=TINY_BACKEND, model="tiny")
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The shared data folder; tests that read it are skipped (with the reason) where it is absent."""
+    root = data_dir()
+    if not (root / "MANIFEST.md").is_file():
+        pytest.skip(f"shared data folder {root} not found; set PRMLOOP_DATA_DIR to it")
+    return root

@@ -10,14 +10,16 @@ import pytest
 
 from prmloop.flows.eval_annotate import load_processbench
 from prmloop.flows.importer import processbench_events
-from prmloop.models.questions import data_dir
 from prmloop.store.events import QuestionRegistered, SolutionSampled
 
-PROCESSBENCH = data_dir() / "processbench" / "gsm8k.json"
+
+@pytest.fixture(scope="module")
+def processbench(shared_data_dir: Path) -> Path:
+    return shared_data_dir / "processbench" / "gsm8k.json"
 
 
-def test_processbench_items_get_their_gsm8k_gold_answer() -> None:
-    items = load_processbench(PROCESSBENCH)
+def test_processbench_items_get_their_gsm8k_gold_answer(processbench: Path) -> None:
+    items = load_processbench(processbench)
     assert len(items) == 400
     found = [i for i in items if i.gold_answer is not None]
     assert len(found) >= 390  # ProcessBench's GSM8K subset comes from GSM8K test
@@ -25,8 +27,8 @@ def test_processbench_items_get_their_gsm8k_gold_answer() -> None:
     assert first.id == "gsm8k-0" and first.label == 1 and not first.final_answer_correct
 
 
-def test_events_share_questions_and_keep_ids_across_imports() -> None:
-    items = load_processbench(PROCESSBENCH)[:12]
+def test_events_share_questions_and_keep_ids_across_imports(processbench: Path) -> None:
+    items = load_processbench(processbench)[:12]
     events = processbench_events(items, "gsm8k")
     questions = [e.payload for e in events if isinstance(e.payload, QuestionRegistered)]
     solutions = [e.payload for e in events if isinstance(e.payload, SolutionSampled)]

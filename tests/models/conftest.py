@@ -1,26 +1,14 @@
-"""Shared fixtures for the model tests: the shared data folder and the real SmolLM2 (``integration``),
-loaded once per session. The tiny random model lives in ``tests/conftest.py`` (used beyond models/)."""
+"""Shared fixtures for the model tests: the real SmolLM2 (``integration``), loaded once per session.
+The shared data folder and the tiny random model live in ``tests/conftest.py`` (used beyond models/)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from prmloop.models.questions import data_dir
-
 if TYPE_CHECKING:
     from prmloop.models.backends.transformers_backend import TransformersBackend
-
-
-@pytest.fixture(scope="session")
-def shared_data_dir() -> Path:
-    """The shared data folder; tests that read it are skipped (with the reason) where it is absent."""
-    root = data_dir()
-    if not (root / "MANIFEST.md").is_file():
-        pytest.skip(f"shared data folder {root} not found; set PRMLOOP_DATA_DIR to it")
-    return root
 
 
 @pytest.fixture(scope="session")
