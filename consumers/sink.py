@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
 from prmloop.store.duck import EVENT_SCHEMA, EventStore, WriteResult
-from prmloop.store.events import encode_event
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import EVENT_TOPICS
 

@@ -26,7 +26,8 @@ from typing import Any
 from prmloop.flows.simulate import simulated_events
 from prmloop.models.simulator import SimulatorConfig, simulate_solutions
 from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.events import SolutionSampled, encode_event
+from prmloop.store.codec import encode_event
+from prmloop.store.events import SolutionSampled
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, dlq_topic

@@ -31,7 +31,8 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
-from prmloop.store.events import DecodeError, Envelope, decode_stored_form
+from prmloop.store.codec import DecodeError, decode_stored_form
+from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import DLQ_SUFFIX, dlq_topic

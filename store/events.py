@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
 
@@ -24,7 +23,6 @@ from pydantic import (
     ConfigDict,
     Field,
     TypeAdapter,
-    ValidationError,
     model_validator,
 )
 
@@ -32,7 +30,6 @@ __all__ = [
     "PAYLOAD_TYPES",
     "CalibrationFitted",
     "CostLedger",
-    "DecodeError",
     "Envelope",
     "LabelsAccepted",
     "LabelsRejected",
@@ -48,15 +45,8 @@ __all__ = [
     "StepsJudged",
     "StepsLabeled",
     "StepsScored",
-    "UnknownEventType",
-    "UnknownSchemaVersion",
-    "decode_event",
-    "decode_stored_form",
     "deterministic_event_id",
-    "encode_event",
     "make_event",
-    "upcast",
-    "upcaster",
 ]
 
 #: Namespace of deterministic event ids: the same logical fact always gets the same id, which is what
@@ -411,121 +401,3 @@ def make_event(
         correlation_id=payload.correlation_id(),
         payload=payload,
     )
-
-
-# ---------------------------------------------------------------------------------------------- upcasting
-
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
-
-
-def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-    """Register ``fn`` as the upgrade of ``event_type`` payloads from ``from_version`` to the next.
-
-    Name the function ``upcast_v{N}_v{N+1}``; it receives and returns the payload as a plain dict.
-    """
-
-    def register(fn: Upcaster) -> Upcaster:
-        key = (event_type, from_version)
-        if key in _UPCASTERS:
-            raise ValueError(f"an upcaster for {event_type} v{from_version} is already registered")
-        _UPCASTERS[key] = fn
-        return fn
-
-    return register
-
-
-def upcast(event_type: str, version: int, payload: dict[str, Any]) -> dict[str, Any]:
-    """Apply the registered upcasters from ``version`` up to the current version of ``event_type``."""
-    cls = PAYLOAD_TYPES.get(event_type)
-    if cls is None:
-        raise UnknownEventType(event_type)
-    current = cls.SCHEMA_VERSION
-    if version > current:
-        raise UnknownSchemaVersion(event_type, version, current)
-    while version < current:
-        fn = _UPCASTERS.get((event_type, version))
-        if fn is None:
-            raise UnknownSchemaVersion(event_type, version, current)
-        payload = fn(dict(payload))
-        version += 1
-    return payload
-
-
-# ------------------------------------------------------------------------------------------------ errors
-
-
-class DecodeError(ValueError):
-    """A record that can never become a valid event: it belongs in the dead-letter topic."""
-
-
-class UnknownEventType(DecodeError):
-    def __init__(self, event_type: object) -> None:
-        super().__init__(
-            f"unknown event_type {event_type!r}; known types: {', '.join(sorted(PAYLOAD_TYPES))}. "
-            "Upgrade this consumer if a newer producer introduced it."
-        )
-
-
-class UnknownSchemaVersion(DecodeError):
-    def __init__(self, event_type: str, version: int, current: int) -> None:
-        hint = (
-            "a newer producer wrote it: upgrade this consumer"
-            if version > current
-            else f"register an upcaster with @upcaster({event_type!r}, {version})"
-        )
-        super().__init__(f"{event_type} schema_version {version} cannot be read (current is {current}): {hint}")
-
-
-# ------------------------------------------------------------------------------------------------- codec
-
-
-def encode_event(event: Envelope) -> bytes:
-    """The wire format: the envelope as compact JSON (UTF-8)."""
-    return event.model_dump_json().encode()
-
-
-def decode_stored_form(raw: bytes) -> tuple[Envelope, bytes]:
-    """Decode ``raw`` and return it with the JSON to store: ``raw`` itself when it already is a
-    current-version event, else the upcast event re-encoded."""
-    try:
-        return ENVELOPE_ADAPTER.validate_json(raw), raw
-    except ValidationError:
-        event = decode_event(raw)
-        return event, encode_event(event)
-
-
-def decode_event(raw: bytes | str | Mapping[str, Any]) -> Envelope:
-    """Parse, upcast and validate one event, ignoring fields this version does not know.
-
-    Raises :class:`DecodeError` (with a message naming what is wrong) for anything that can never
-    be valid: not JSON, not an object, unknown type or version, failed validation.
-    """
-    if isinstance(raw, bytes | str):
-        # Fast path: a current-version event validates straight from JSON in pydantic's Rust core.
-        try:
-            return ENVELOPE_ADAPTER.validate_json(raw)
-        except ValidationError:
-            pass  # older version, or invalid: the slow path below upcasts or explains
-    if isinstance(raw, Mapping):
-        data: Any = dict(raw)
-    else:
-        try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            preview = raw[:80] if isinstance(raw, str) else raw[:80].decode("utf-8", "replace")
-            raise DecodeError(f"record is not JSON ({exc}); starts with {preview!r}") from exc
-    if not isinstance(data, dict):
-        raise DecodeError(f"record is JSON but not an object: {type(data).__name__}")
-    event_type = data.get("event_type")
-    version = data.get("schema_version")
-    payload = data.get("payload")
-    if not isinstance(event_type, str) or not isinstance(version, int) or not isinstance(payload, dict):
-        raise DecodeError("record lacks a string event_type, an integer schema_version or an object payload")
-    payload = upcast(event_type, version, payload)
-    payload.setdefault("event_type", event_type)
-    data = {**data, "payload": payload, "schema_version": PAYLOAD_TYPES[event_type].SCHEMA_VERSION}
-    try:
-        return ENVELOPE_ADAPTER.validate_python(data)
-    except ValidationError as exc:
-        raise DecodeError(f"{event_type} v{version} failed validation: {exc}") from exc

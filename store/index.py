@@ -21,7 +21,8 @@ from typing import Generic, TypeVar
 
 from kafka import KafkaConsumer, TopicPartition
 
-from prmloop.store.events import DecodeError, Envelope, QuestionRegistered, StepsScored, decode_stored_form
+from prmloop.store.codec import DecodeError, decode_stored_form
+from prmloop.store.events import Envelope, QuestionRegistered, StepsScored
 from prmloop.store.kafka import consumer_config
 from prmloop.store.settings import KafkaSettings
 

@@ -12,7 +12,8 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 
-from prmloop.store.events import Envelope, encode_event
+from prmloop.store.codec import encode_event
+from prmloop.store.events import Envelope
 from prmloop.store.outbox import Outbox
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, all_topic_specs

@@ -16,7 +16,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from prmloop.store.events import DecodeError, Envelope, decode_event, encode_event
+from prmloop.store.codec import DecodeError, decode_event, encode_event
+from prmloop.store.events import Envelope
 
 
 class Outbox:

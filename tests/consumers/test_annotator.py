@@ -8,16 +8,9 @@ import uuid
 from prmloop.consumers.annotator import Annotator
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
-from prmloop.store.events import (
-    Envelope,
-    ModelRef,
-    SamplingSpec,
-    SolutionSampled,
-    StepsLabeled,
-    encode_event,
-    make_event,
-)
+from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionSampled, StepsLabeled, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.topics import TopicSpec, dlq_topic
 

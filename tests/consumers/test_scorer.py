@@ -14,6 +14,7 @@ import pytest
 from prmloop.consumers.scorer import StepScorer, run_scorer, teacher_forced_logprobs
 from prmloop.models.backends.base import ScoredText
 from prmloop.models.prompts import format_steps, solution_prompt
+from prmloop.store.codec import decode_event, encode_event
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
@@ -22,9 +23,7 @@ from prmloop.store.events import (
     SamplingSpec,
     SolutionSampled,
     StepsScored,
-    decode_event,
     deterministic_event_id,
-    encode_event,
     make_event,
 )
 from prmloop.store.index import MissingKey

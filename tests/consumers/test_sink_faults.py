@@ -19,9 +19,10 @@ import pytest
 
 from prmloop.consumers.sink import run_sink
 from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import RuntimeStats
 from prmloop.store.duck import StoreLocked, query
-from prmloop.store.events import Envelope, StepsLabeled, encode_event, make_event
+from prmloop.store.events import Envelope, StepsLabeled, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import Outbox, segment_summary
 from prmloop.store.reconcile import reconcile

@@ -15,7 +15,8 @@ import pytest
 from prmloop.flows.sample import SampleConfig, read_question_file, sample_question
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.questions import Question
-from prmloop.store.events import Envelope, ModelRef, SolutionSampled, decode_event
+from prmloop.store.codec import decode_event
+from prmloop.store.events import Envelope, ModelRef, SolutionSampled
 
 if TYPE_CHECKING:
     from prmloop.models.backends.registry import BackendConfig

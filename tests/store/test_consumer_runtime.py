@@ -11,8 +11,9 @@ from collections.abc import Callable
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
-from prmloop.store.events import QuestionRegistered, encode_event, make_event
+from prmloop.store.events import QuestionRegistered, make_event
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, dlq_topic

@@ -10,20 +10,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from prmloop.store import events as ev
-from prmloop.store.events import (
+from prmloop.store import codec
+from prmloop.store.codec import (
     DecodeError,
-    QuestionRegistered,
-    StepsLabeled,
-    UnknownFieldError,
     UnknownSchemaVersion,
     decode_event,
     decode_stored_form,
-    deterministic_event_id,
     encode_event,
-    make_event,
     upcaster,
 )
+from prmloop.store.events import QuestionRegistered, StepsLabeled, UnknownFieldError, deterministic_event_id, make_event
 from prmloop.store.synthetic import synthetic_events
 from prmloop.store.topics import EVENT_TOPICS, TOPIC_OF
 
@@ -125,7 +121,7 @@ def question_v2() -> Iterator[None]:
 
     yield
     QuestionRegistered.SCHEMA_VERSION = original
-    del ev._UPCASTERS[("QuestionRegistered", 1)]
+    del codec._UPCASTERS[("QuestionRegistered", 1)]
 
 
 @pytest.mark.usefixtures("question_v2")
