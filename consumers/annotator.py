@@ -28,7 +28,7 @@ from typing import Any
 
 from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
 from prmloop.models.annotation.strategies import Annotation, AnnotationStrategy, SolutionToLabel, annotate
-from prmloop.producers.uncertainty import PAPER_TEMPERATURE, step_uncertainty, uncertainty_deltas
+from prmloop.models.uncertainty import PAPER_TEMPERATURE, step_uncertainty, uncertainty_deltas
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import (
     CostLedger,

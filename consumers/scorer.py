@@ -10,7 +10,7 @@ UnPRM (Sec. 3) scores a token sequence with log-probabilities ``p_1..p_n`` by a 
     u = -sum_{i=1}^{n} z_i log z_i
 
 applied to the tokens of one step: ``u(s_t)``; then ``Δu(s_t) = u(s_t) - u(s_{t-1})``. The paper uses
-``T = 1`` (:data:`~prmloop.producers.uncertainty.PAPER_TEMPERATURE`, the default); UnPRM's public code
+``T = 1`` (:data:`~prmloop.models.uncertainty.PAPER_TEMPERATURE`, the default); UnPRM's public code
 divides the log-probabilities by ``T = 5`` (``UNPRM_CODE_TEMPERATURE``), which flattens ``z``. The
 temperature is part of the event id, so both can be published side by side.
 
@@ -48,7 +48,7 @@ from typing import Any, Literal
 from prmloop.models.backends.base import Scorer
 from prmloop.models.backends.registry import BackendConfig, build_backend
 from prmloop.models.prompts import StepFormat, format_steps, solution_prompt
-from prmloop.producers.uncertainty import (
+from prmloop.models.uncertainty import (
     PAPER_TEMPERATURE,
     rank_steps_by_delta,
     step_uncertainty,

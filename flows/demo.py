@@ -22,12 +22,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from prmloop.consumers.sink import run_sink
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.duck import StoreLocked, query
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import Outbox
 from prmloop.store.settings import KafkaSettings, StateSettings
-from prmloop.store.synthetic import synthetic_events
 
 DEMO_QUERIES = {
     "sampled solutions": (

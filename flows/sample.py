@@ -2,7 +2,7 @@
 
 For each question: publish ``QuestionRegistered``; sample ``k`` solutions with per-token
 log-probabilities; split them into steps with token offsets; grade them against the gold answer;
-score their uncertainty (:mod:`prmloop.producers.uncertainty`); keep ``m`` correct and ``n`` incorrect
+score their uncertainty (:mod:`prmloop.models.uncertainty`); keep ``m`` correct and ``n`` incorrect
 with a selection strategy (:mod:`prmloop.producers.selection`); publish the kept solutions as
 ``SolutionSampled`` events through the acknowledged producer and its outbox.
 
@@ -38,8 +38,8 @@ from prmloop.models.grading import GradeOutcome, extract_answer, grade
 from prmloop.models.prompts import StepFormat, solution_prompt
 from prmloop.models.questions import Question, load_questions
 from prmloop.models.steps import split_completion, split_steps
+from prmloop.models.uncertainty import PAPER_TEMPERATURE, answer_dispersion, solution_uncertainty
 from prmloop.producers.selection import Candidate, Selection, get_strategy
-from prmloop.producers.uncertainty import PAPER_TEMPERATURE, answer_dispersion, solution_uncertainty
 from prmloop.store.events import (
     Envelope,
     ModelRef,

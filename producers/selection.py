@@ -51,7 +51,7 @@ class Candidate:
         text: the solution text (used by the cosine baseline).
         final_answer: the extracted final answer; ``None`` if the solution states none.
         correct: the grade against the gold answer; ``None`` if it could not be graded.
-        uncertainty: UnPRM's ``u`` of the solution (:func:`prmloop.producers.uncertainty.sequence_entropy`).
+        uncertainty: UnPRM's ``u`` of the solution (:func:`prmloop.models.uncertainty.sequence_entropy`).
     """
 
     index: int

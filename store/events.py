@@ -102,12 +102,14 @@ class SamplingSpec(Record):
 
 
 class SolutionUncertainty(Record):
-    """Token-level uncertainty of one sampled solution (UnPRM section 3; CoT-entropy paper)."""
+    """Token-level uncertainty of one whole sampled solution (UnPRM section 3), what selection ranks by.
+
+    Per-step uncertainty u(s_t) is not here: the step scorer owns it (``StepsScored``).
+    """
 
     entropy: float | None = Field(default=None, description="UnPRM u = -sum z_i log z_i over the solution")
     mean_nll: float | None = Field(default=None, description="mean negative log-likelihood per token")
     perplexity: float | None = None
-    step_entropy: tuple[float, ...] | None = Field(default=None, description="u(s_t) per step")
     answer_dispersion: float | None = Field(
         default=None, description="entropy of the final-answer distribution across the k samples"
     )
@@ -180,6 +182,9 @@ class SolutionSampled(Payload):
 
     solution_id: str
     question_id: str
+    problem: str | None = Field(
+        default=None, description="the question's text, so no consumer has to look it up (None: older producers)"
+    )
     generator: ModelRef
     sampling: SamplingSpec
     prompt_format: str = Field(description="step format: step_k, double_newline, chat")
@@ -198,18 +203,34 @@ class SolutionSampled(Payload):
     uncertainty: SolutionUncertainty | None = None
     selected_by: str | None = Field(default=None, description="selection strategy that kept this solution")
     completion_tokens: int = Field(default=0, ge=0)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="where an imported solution came from (file, its id, a reference label)"
+    )
 
 
 class StepsScored(Payload):
+    """A solution with the uncertainty of each step: the step scorer's output and the annotator's and
+    judge's input. It carries the solution as they need it (problem, steps, grade, gold answer), so
+    nothing downstream reads ``solutions.sampled`` or ``questions.registered`` on the side."""
     event_type: Literal["StepsScored"] = "StepsScored"
     TOPIC: ClassVar[str] = "steps.scored"
 
     solution_id: str
     question_id: str
     scorer: ModelRef
-    step_uncertainty: tuple[float, ...] = Field(description="u(s_t) for t = 1..T")
-    uncertainty_delta: tuple[float, ...] = Field(description="Δu(s_t) = u(s_t) - u(s_{t-1})")
-    step_order: tuple[int, ...] = Field(description="step indices by descending Δu (UnPRM Algorithm 1)")
+    step_uncertainty: tuple[float, ...] | None = Field(
+        description="u(s_t) for t = 1..T; None: unknown (no log-probs and no model to teacher-force)"
+    )
+    uncertainty_delta: tuple[float, ...] | None = Field(description="Δu(s_t) = u(s_t) - u(s_{t-1})")
+    step_order: tuple[int, ...] | None = Field(description="step indices by descending Δu (UnPRM Algorithm 1)")
+    temperature: float | None = Field(default=None, description="T of the softmax u was computed with")
+    source: str | None = Field(default=None, description="sampled (generator log-probs), teacher_forced or none")
+    problem: str | None = None
+    steps: tuple[str, ...] = ()
+    prompt_format: str = "step_k"
+    correct: bool | None = None
+    final_answer: str | None = None
+    gold_answer: str | None = None
 
 
 class StepsLabeled(Payload):

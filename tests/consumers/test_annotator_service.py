@@ -16,9 +16,9 @@ from pathlib import Path
 from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.consumers.annotator import Annotator
-from prmloop.flows.simulate import SIMULATOR_REF, simulated_events, simulated_solution_id
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
+from prmloop.producers.simulated import SIMULATOR_REF, simulated_events, simulated_solution_id
 from prmloop.store.codec import decode_stored_form, encode_event
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, SolutionSampled, StepsLabeled

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from prmloop.consumers.sink import run_sink
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import RuntimeStats
@@ -26,7 +27,6 @@ from prmloop.store.events import Envelope, StepsLabeled, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import Outbox, segment_summary
 from prmloop.store.reconcile import reconcile
-from prmloop.store.synthetic import synthetic_events
 
 
 def fresh_events(n: int, seed: int) -> list[Envelope]:

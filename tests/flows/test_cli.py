@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.cli import app
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore
-from prmloop.store.synthetic import synthetic_events
 
 runner = CliRunner()
 

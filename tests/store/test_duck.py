@@ -11,6 +11,7 @@ import duckdb
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore, ReadOnlyViolation, StoreLocked, check_read_only, query
 from prmloop.store.events import (
@@ -23,7 +24,6 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
-from prmloop.store.synthetic import synthetic_events
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store import codec
 from prmloop.store.codec import (
     DecodeError,
@@ -20,7 +21,6 @@ from prmloop.store.codec import (
     upcaster,
 )
 from prmloop.store.events import QuestionRegistered, StepsLabeled, UnknownFieldError, deterministic_event_id, make_event
-from prmloop.store.synthetic import synthetic_events
 from prmloop.store.topics import EVENT_TOPICS, TOPIC_OF
 
 

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.simulate import simulated_events
 from prmloop.models.simulator import SimulatorConfig, simulate_solutions
+from prmloop.producers.simulated import simulated_events
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.codec import encode_event
 from prmloop.store.events import SolutionSampled

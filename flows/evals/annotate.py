@@ -21,60 +21,15 @@ labelled solutions; cost: rollouts, generated tokens, verified states, wall time
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.questions import data_dir, load_questions
+from prmloop.models.processbench import load_processbench
+from prmloop.models.questions import data_dir
 
-__all__ = ["ProcessBenchItem", "evaluate_processbench", "load_processbench"]
-
-
-class ProcessBenchItem:
-    """One ProcessBench solution with its gold answer."""
-
-    def __init__(self, raw: dict[str, Any], gold_answer: str | None) -> None:
-        self.id = str(raw["id"])
-        self.problem = str(raw["problem"])
-        self.steps = tuple(str(s) for s in raw["steps"])
-        self.label = int(raw["label"])
-        self.final_answer_correct = bool(raw["final_answer_correct"])
-        self.generator = str(raw.get("generator", ""))
-        self.gold_answer = gold_answer
-
-
-def _key(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
-def load_processbench(path: Path, *, subset: str | None = None) -> list[ProcessBenchItem]:
-    """The items of a ProcessBench file with gold answers looked up by problem text.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a ProcessBench file (a JSON list of {id, problem, steps, label, final_answer_correct}).
-    """
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such ProcessBench file (e.g. ../shared/data/processbench/gsm8k.json)")
-    try:
-        rows = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not JSON ({error}); expected ProcessBench's list of solutions") from error
-    needed = {"id", "problem", "steps", "label", "final_answer_correct"}
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and needed <= r.keys() for r in rows):
-        raise ValueError(f"{path}: expected a non-empty JSON list of objects with {sorted(needed)}")
-    subset = subset or ("math" if "math" in path.stem else "gsm8k")
-    if subset == "gsm8k":
-        source = load_questions("gsm8k", split="test")
-    elif subset == "math":
-        source = load_questions("math")
-    else:
-        raise ValueError(f"unknown ProcessBench subset {subset!r}; gold answers exist for gsm8k and math")
-    gold = {_key(q.problem): q.gold_answer for q in source}
-    return [ProcessBenchItem(r, gold.get(_key(str(r["problem"])))) for r in rows]
+__all__ = ["evaluate_processbench"]
 
 
 def evaluate_processbench(
@@ -102,10 +57,10 @@ def evaluate_processbench(
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import BackendConfig, build_backend
     from prmloop.models.prompts import solution_prompt
-    from prmloop.producers.uncertainty import step_uncertainty, uncertainty_deltas
+    from prmloop.models.uncertainty import step_uncertainty, uncertainty_deltas
 
     path = path or data_dir() / "processbench" / "gsm8k.json"
-    items = load_processbench(path)
+    items, _ = load_processbench(path)
     usable = [i for i in items if i.gold_answer is not None]
     chosen = [i for i in usable if not i.final_answer_correct and i.label >= 0][:limit]
     if not chosen:
@@ -136,7 +91,7 @@ def evaluate_processbench(
         result = annotate(solution, chosen_strategy, [completer], checker=math_equivalent)
         human = tuple(t < item.label for t in range(len(item.steps)))
         row = {
-            "id": item.id,
+            "id": item.key,
             "steps": len(item.steps),
             "human_first_error": item.label,
             "status": result.status,

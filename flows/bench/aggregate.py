@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from prmloop.flows.eval_aggregate import default_data_dir, load_for_eval
+from prmloop.flows.evals.aggregate import default_data_dir, load_for_eval
 from prmloop.models.aggregation.calibration import fit_calibration
 from prmloop.models.aggregation.naive import select_naive
 from prmloop.models.aggregation.pool import ScoredCandidates, ScoreRule

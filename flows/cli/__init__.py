@@ -203,7 +203,7 @@ def bench_sink_cmd(
     latency_seconds: Annotated[float, typer.Option(help="length of the latency phase")] = 10.0,
 ) -> None:
     """Raw kafka-python consume rate vs sink rate into DuckDB, and publish-to-queryable latency."""
-    from prmloop.flows.bench_sink import bench_sink
+    from prmloop.flows.bench.sink import bench_sink
 
     result = bench_sink(n=10_000 if quick else n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
     typer.echo(json.dumps(result))
@@ -217,7 +217,7 @@ def bench_generate_cmd(
     seed: int = 0,
 ) -> None:
     """Tokens/s of the backend wrapper vs the raw engine call, and batched vs one-at-a-time rollouts."""
-    from prmloop.flows.bench_generate import bench_generate
+    from prmloop.flows.bench.generate import bench_generate
 
     typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
 
@@ -230,7 +230,7 @@ def bench_annotate_cmd(
     seed: int = 0,
 ) -> None:
     """Every annotation strategy on the same simulated solutions: accuracy and cost."""
-    from prmloop.flows.bench_annotate import bench_annotate
+    from prmloop.flows.bench.annotate import bench_annotate
 
     typer.echo(json.dumps(bench_annotate(n_solutions=n_solutions, quick=quick, correlation=correlation, seed=seed)))
 
@@ -242,7 +242,7 @@ def bench_annotator_cmd(
     seed: int = 0,
 ) -> None:
     """Annotator service throughput: 1 process, 2 processes in one group, 1 process with 4 in flight."""
-    from prmloop.flows.bench_annotator import bench_annotator
+    from prmloop.flows.bench.annotator import bench_annotator
 
     typer.echo(json.dumps(bench_annotator(n_solutions=n_solutions, latency_s=latency, seed=seed)))
 
@@ -256,7 +256,7 @@ def bench_aggregate_cmd(
     repeats: int = 5,
 ) -> None:
     """All aggregation methods on a 500 x 32 pool: vectorized vs a per-question Python loop."""
-    from prmloop.flows.bench_aggregate import bench_aggregate
+    from prmloop.flows.bench.aggregate import bench_aggregate
 
     result = bench_aggregate(pool, scores, prm=prm, score_rule=score_rule, repeats=repeats)
     result.pop("per_method", None)
@@ -280,7 +280,7 @@ def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     as_json: Annotated[bool, typer.Option("--json", help="print the whole result as JSON")] = False,
 ) -> None:
     """Accuracy of every aggregation method at each N, and the compute fraction of calibrated methods."""
-    from prmloop.flows.eval_aggregate import eval_aggregate
+    from prmloop.flows.evals.aggregate import eval_aggregate
 
     result = eval_aggregate(
         pool,
@@ -367,8 +367,8 @@ def simulate(
     correlation: Annotated[float, typer.Option(help="how strongly step uncertainty marks the first error")] = 0.7,
 ) -> None:
     """Publish simulated incorrect solutions (question, solution, step scores) for the annotator to label."""
-    from prmloop.flows.simulate import simulated_events
     from prmloop.models.simulator import SimulatorConfig, simulate_solutions
+    from prmloop.producers.simulated import simulated_events
     from prmloop.store.kafka import EventProducer, ensure_topics
 
     if n_solutions < 1:
@@ -439,8 +439,8 @@ def annotate(  # noqa: PLR0917 - one parameter per command-line option
     ensure_topics(servers)
     completers: list[Completer]
     if completer is CompleterKind.simulator:
-        from prmloop.flows.simulate import SIMULATOR_REF
         from prmloop.models.simulator import SimulatedCompleter, SimulatorConfig, simulate_solutions
+        from prmloop.producers.simulated import SIMULATOR_REF
 
         config = SimulatorConfig(uncertainty_correlation=correlation)
         world = simulate_solutions(sim_n, config, seed=sim_seed)
@@ -495,7 +495,7 @@ def eval_annotate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     seed: int = 0,
 ) -> None:
     """Label ProcessBench solutions with a real completer; agreement with the human first-error labels."""
-    from prmloop.flows.eval_annotate import evaluate_processbench
+    from prmloop.flows.evals.annotate import evaluate_processbench
 
     options: dict[str, Any] = {"num_threads": threads} if threads is not None else {}
     summary = evaluate_processbench(
@@ -562,8 +562,8 @@ def import_cmd(
     limit: Annotated[int | None, typer.Option(help="only the first N solutions")] = None,
 ) -> None:
     """Publish solutions sampled elsewhere (ProcessBench) as questions and `solutions.sampled` events."""
-    from prmloop.flows.eval_annotate import load_processbench
-    from prmloop.flows.importer import processbench_events
+    from prmloop.flows.evals.annotate import load_processbench
+    from prmloop.producers.processbench import processbench_events
     from prmloop.store.kafka import EventProducer, ensure_topics
 
     if source != "processbench":

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prmloop.producers.uncertainty import (
+from prmloop.models.uncertainty import (
     UNPRM_CODE_TEMPERATURE,
     answer_dispersion,
     label_entropy,

@@ -17,12 +17,12 @@ from kafka import KafkaConsumer, TopicPartition
 from rich.progress import Progress
 
 from prmloop.consumers.sink import Sink, run_sink
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.consumer import ConsumerRuntime
 from prmloop.store.duck import EventStore, StoreLocked, WriteResult, query
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.synthetic import synthetic_events
 from prmloop.store.topics import EVENT_TOPICS
 
 

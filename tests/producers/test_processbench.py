@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.eval_annotate import load_processbench
-from prmloop.flows.importer import processbench_events
+from prmloop.flows.evals.annotate import load_processbench
+from prmloop.producers.processbench import processbench_events
 from prmloop.store.events import QuestionRegistered, SolutionSampled
 
 

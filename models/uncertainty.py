@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Hashable, Sequence
 
 from prmloop.models.grading import DEFAULT_TIMEOUT_S, group_equivalent_answers
-from prmloop.store.events import SolutionUncertainty
 
 __all__ = [
     "PAPER_TEMPERATURE",
@@ -41,7 +40,6 @@ __all__ = [
     "perplexity",
     "rank_steps_by_delta",
     "sequence_entropy",
-    "solution_uncertainty",
     "split_by_offsets",
     "step_uncertainty",
     "uncertainty_deltas",
@@ -215,30 +213,3 @@ def answer_dispersion(answers: Sequence[str | None], *, timeout_s: float = DEFAU
     if not stated:
         return 0.0
     return label_entropy(group_equivalent_answers(stated, timeout_s=timeout_s))
-
-
-def solution_uncertainty(
-    token_logprobs: Sequence[float],
-    step_token_offsets: Sequence[int] | None,
-    *,
-    temperature: float = PAPER_TEMPERATURE,
-    dispersion: float | None = None,
-) -> SolutionUncertainty:
-    """Every uncertainty figure of one solution, as the ``SolutionSampled.uncertainty`` record.
-
-    ``entropy`` is :func:`sequence_entropy` over all generated tokens, ``step_entropy`` is
-    :func:`step_uncertainty` (``None`` without offsets), ``mean_nll`` / ``perplexity`` are ``None`` for
-    an empty completion, and ``answer_dispersion`` is the question-level ``dispersion`` passed in.
-    """
-    has_tokens = len(token_logprobs) > 0
-    return SolutionUncertainty(
-        entropy=sequence_entropy(token_logprobs, temperature=temperature),
-        mean_nll=mean_nll(token_logprobs) if has_tokens else None,
-        perplexity=perplexity(token_logprobs) if has_tokens else None,
-        step_entropy=(
-            step_uncertainty(token_logprobs, step_token_offsets, temperature=temperature)
-            if step_token_offsets is not None
-            else None
-        ),
-        answer_dispersion=dispersion,
-    )

@@ -1,0 +1,1 @@
+"""Evaluations against the shared data sets (``prmloop eval ...``)."""

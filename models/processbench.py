@@ -1,0 +1,110 @@
+"""ProcessBench: solutions with human first-error labels (Zheng et al., 2024), read strictly.
+
+``../shared/data/processbench/{gsm8k,math}.json`` is a JSON list; each item has ``id``, ``problem``,
+``steps`` (a list of strings), ``label`` (0-based index of the first wrong step, -1 for none),
+``final_answer_correct`` (a JSON boolean) and optionally ``generator``. The gold answers are not in
+the file; they are looked up by problem text in GSM8K test (``gsm8k``) or MATH test (``math``).
+
+Every item is validated with strict types: ``"false"`` is not a boolean, a string is not a list of
+steps, ``null`` is not a list. An item that fails is reported by its position and left out; the rest
+are read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from prmloop.models.questions import load_questions
+
+__all__ = ["ProcessBenchFileError", "ProcessBenchItem", "load_processbench", "read_processbench"]
+
+
+class ProcessBenchFileError(ValueError):
+    """A ProcessBench file that is missing, not JSON, not a list, or has no usable item."""
+
+
+class ProcessBenchItem(BaseModel):
+    """One ProcessBench solution, with its gold answer once looked up."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: StrictStr | StrictInt
+    problem: StrictStr = Field(min_length=1)
+    steps: tuple[StrictStr, ...] = Field(min_length=1)
+    label: StrictInt = Field(ge=-1, description="first wrong step, 0-based; -1: no wrong step")
+    final_answer_correct: StrictBool
+    generator: StrictStr = ""
+    gold_answer: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The item's id as text (ProcessBench ids are strings such as ``gsm8k-0``)."""
+        return str(self.id)
+
+
+def _problem_key(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def read_processbench(path: Path) -> tuple[list[ProcessBenchItem], list[str]]:
+    """The valid items of a ProcessBench file (without gold answers) and one error per invalid item.
+
+    Raises:
+        ProcessBenchFileError: no such file, not JSON, not a non-empty list, or not one valid item.
+    """
+    if not path.is_file():
+        raise ProcessBenchFileError(
+            f"{path}: no such ProcessBench file (e.g. ../shared/data/processbench/gsm8k.json)"
+        )
+    try:
+        rows = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raise ProcessBenchFileError(
+            f"{path}: not JSON ({type(error).__name__}); expected ProcessBench's list of solutions"
+        ) from error
+    if not isinstance(rows, list) or not rows:
+        raise ProcessBenchFileError(f"{path}: expected a non-empty JSON list of ProcessBench solutions")
+    items: list[ProcessBenchItem] = []
+    errors: list[str] = []
+    for index, row in enumerate(rows):
+        try:
+            items.append(ProcessBenchItem.model_validate(row))
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "item"
+            errors.append(f"{path}[{index}]: {where}: {first['msg']}; item skipped")
+    if not items:
+        raise ProcessBenchFileError(
+            f"{path}: no valid ProcessBench solution ({len(errors)} invalid; first: {errors[0]})"
+        )
+    return items, errors
+
+
+def load_processbench(path: Path, *, subset: str | None = None) -> tuple[list[ProcessBenchItem], list[str]]:
+    """The valid items of a ProcessBench file with gold answers looked up by problem text, and the errors.
+
+    ``subset`` (``gsm8k`` or ``math``) names where the gold answers come from; by default it is read
+    from the file name.
+
+    Raises:
+        ProcessBenchFileError: see :func:`read_processbench`; or an unknown ``subset``.
+    """
+    items, errors = read_processbench(path)
+    subset = subset or processbench_subset(path)
+    if subset == "gsm8k":
+        source = load_questions("gsm8k", split="test")
+    elif subset == "math":
+        source = load_questions("math")
+    else:
+        raise ProcessBenchFileError(f"unknown ProcessBench subset {subset!r}; gold answers exist for gsm8k and math")
+    gold = {_problem_key(q.problem): q.gold_answer for q in source}
+    return [i.model_copy(update={"gold_answer": gold.get(_problem_key(i.problem))}) for i in items], errors
+
+
+def processbench_subset(path: Path) -> str:
+    """``math`` for a file named like ``math.json``, else ``gsm8k``."""
+    return "math" if "math" in path.stem else "gsm8k"
