@@ -1,18 +1,19 @@
-"""The MC-PPL annotator: ``solutions.sampled`` -> ``steps.labeled`` with one configured strategy.
+"""The MC-PPL annotator: ``steps.scored`` -> ``steps.labeled`` with one configured strategy.
+
+The annotator is downstream of the step scorer: each ``StepsScored`` carries the solution as the
+annotator needs it (problem text, steps, grade, gold answer) and, where it is known, each step's Δu
+for the uncertainty-driven strategy, so the annotator reads one topic and looks nothing up.
 
 Runs on :class:`prmloop.store.consumer.ConsumerRuntime` in a consumer group (run several processes
-with the same ``group_id`` to share the partitions): the handler works in a worker thread while the
+with the same ``group`` to share the partitions): the handler works in a worker thread while the
 partitions are paused, and offsets are committed after the labels are acknowledged by the broker.
 Every ``StepsLabeled`` has a deterministic event id of (solution, strategy, parameters, completers),
 so an annotator killed in the middle of a solution and restarted re-publishes the same id and the sink
-keeps each label once.
+keeps each label once. Several solutions of a batch are annotated at once (``in_flight`` threads):
+worth it when the engine batches concurrent requests (vLLM, an OpenAI-compatible server).
 
-Inputs besides the solution: the question's text (``questions.registered``, through
-:func:`prmloop.store.index.question_index`) for the completer's prompt, and for the uncertainty-driven
-strategy each step's Δu: from ``steps.scored`` (the step-uncertainty consumer) or, when the solution
-carries token log-probabilities and step offsets, computed here with the same function.
-Several solutions of a batch are annotated at once (``max_in_flight`` threads): worth it when the
-engine batches concurrent requests (vLLM, an OpenAI-compatible server); local engines serialise.
+:class:`AnnotatorSettings` declares every option once (``prmloop annotate``, ``PRMLOOP_ANNOTATOR_*``);
+:func:`build_annotator` turns them into the strategy, the completers and the answer checker.
 """
 
 from __future__ import annotations
@@ -21,28 +22,40 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
-from prmloop.models.annotation.strategies import Annotation, AnnotationStrategy, SolutionToLabel, annotate
-from prmloop.models.uncertainty import PAPER_TEMPERATURE, step_uncertainty, uncertainty_deltas
+from prmloop.models.annotation.strategies import STRATEGIES, Annotation, AnnotationStrategy, SolutionToLabel, annotate
+from prmloop.models.backends.registry import EngineSettings
+from prmloop.models.simulator import SimulatorOptions
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import (
     CostLedger,
     Envelope,
     MCEstimate,
     ModelRef,
-    SolutionSampled,
     StepsLabeled,
+    StepsScored,
     deterministic_event_id,
     make_event,
 )
 from prmloop.store.settings import KafkaSettings
 
-__all__ = ["ANNOTATOR_GROUP", "Annotator", "AnnotatorStats", "labeled_event", "run_annotator"]
+__all__ = [
+    "ANNOTATOR_GROUP",
+    "Annotator",
+    "AnnotatorSettings",
+    "AnnotatorStats",
+    "build_annotator",
+    "labeled_event",
+    "run_annotator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +63,98 @@ PRODUCER = "prmloop.annotator/1"
 ANNOTATOR_GROUP = "prmloop-annotator"
 
 
+class AnnotatorSettings(EngineSettings, SimulatorOptions):
+    """Options of the annotator service (``prmloop annotate``; environment ``PRMLOOP_ANNOTATOR_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="PRMLOOP_ANNOTATOR_", frozen=True, extra="ignore")
+
+    strategy: str = Field(
+        default="adaptive_binary", description="sequential, binary, adaptive_binary or uncertainty_driven"
+    )
+    completer: Literal["model", "simulator"] = Field(default="model", description="a model backend, or the simulator")
+    prompt_format: Literal["step_k", "double_newline"] = Field(
+        default="step_k", description="step format the completer continues (as the solutions were sampled)"
+    )
+    temperature: float = Field(default=0.7, ge=0.0, description="rollout sampling temperature")
+    max_new_tokens: int = Field(default=384, ge=1, description="rollout budget; longer rollouts count as wrong")
+    rollouts: int = Field(default=48, ge=1, description="sequential/binary: rollouts per state (hard MC)")
+    n0: int = Field(default=16, ge=1, description="adaptive sampling: first rollouts of a state (N0)")
+    n_min: int = Field(default=10, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
+    n_max: int = Field(default=72, ge=1, description="adaptive sampling: at most this many rollouts (N_max)")
+    alpha: float = Field(default=0.5, gt=0.0, description="adaptive_binary: contribution threshold")
+    weighting: str | None = Field(
+        default=None, description="MC weighting: count, inv_ppl (1/PPL, default) or log_ppl (printed Eq. 2)"
+    )
+    in_flight: int = Field(default=1, ge=1, description="solutions annotated at once (engines that batch requests)")
+    group: str = Field(
+        default="prmloop-annotator", description="consumer group; processes in one group share partitions"
+    )
+    topic: str = Field(default=StepsScored.TOPIC, description="read scored solutions from this topic")
+    until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
+    max_solutions: int | None = Field(
+        default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
+    )
+    sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown annotation strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
+        return value
+
+    def make_strategy(self) -> AnnotationStrategy:
+        """The configured strategy with its parameters (fixed N for the hard-MC baselines)."""
+        from prmloop.models.annotation.estimate import Sampling
+        from prmloop.models.annotation.strategies import make_strategy
+
+        params: dict[str, Any] = {}
+        if self.strategy in ("sequential", "binary"):
+            params["n"] = self.rollouts
+        else:
+            params["sampling"] = Sampling(n0=self.n0, n_min_correct=self.n_min, n_max=max(self.n_max, self.n0))
+            if self.strategy == "adaptive_binary":
+                params["alpha"] = self.alpha
+        if self.weighting is not None:
+            params["weighting"] = self.weighting
+        return make_strategy(self.strategy, **params)
+
+
+def build_annotator(
+    settings: AnnotatorSettings,
+) -> tuple[AnnotationStrategy, list[Completer], list[ModelRef], AnswerChecker]:
+    """The strategy, completers, their provenance and the answer checker ``settings`` describe.
+
+    ``completer="simulator"`` rebuilds the simulated world of ``--sim-n/--sim-seed/--correlation``
+    (exact-match answers); otherwise the model backend is loaded once and wrapped in a
+    :class:`~prmloop.models.annotation.completer.GeneratorCompleter` (math-verify answers).
+    """
+    strategy = settings.make_strategy()
+    if settings.completer == "simulator":
+        from prmloop.models.simulator import SimulatedCompleter
+
+        config, world = settings.world()
+        completer = SimulatedCompleter(world, config, seed=settings.sim_seed, latency_s=settings.sim_latency)
+        return strategy, [completer], [ModelRef(backend="simulator", name=completer.name)], exact_match
+    from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
+    from prmloop.models.backends.base import SamplingParams
+    from prmloop.models.backends.registry import build_backend
+
+    engine = build_backend(settings.backend_config())
+    sampling = SamplingParams(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
+    generator_completer = GeneratorCompleter(
+        engine, style=settings.prompt_format, params=sampling, lock=settings.backend == "transformers"
+    )
+    return (
+        strategy,
+        [generator_completer],
+        [ModelRef(backend=settings.backend, name=engine.model_name)],
+        math_equivalent,
+    )
+
+
 def labeled_event(
-    sampled: SolutionSampled,
+    scored: StepsScored,
     annotation: Annotation,
     completers: Sequence[ModelRef],
     *,
@@ -61,8 +164,8 @@ def labeled_event(
     refs = tuple(completers)
     soft = annotation.soft_labels
     payload = StepsLabeled(
-        solution_id=sampled.solution_id,
-        question_id=sampled.question_id,
+        solution_id=scored.solution_id,
+        question_id=scored.question_id,
         method="all_correct" if annotation.status == "all_correct" else annotation.method,
         parameters=annotation.parameters,
         labels=annotation.labels,
@@ -83,15 +186,12 @@ def labeled_event(
     )
     event_id = deterministic_event_id(
         "StepsLabeled",
-        sampled.solution_id,
+        scored.solution_id,
         annotation.method,
         annotation.parameters,
         [ref.model_dump() for ref in refs],
     )
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
-
-
-DeltaLookup = Callable[[SolutionSampled], "tuple[float, ...] | None"]
 
 
 class AnnotatorStats:
@@ -145,23 +245,19 @@ class AnnotatorStats:
 
 
 class Annotator:
-    """Batch handler: label every ``SolutionSampled`` of a batch and publish the labels before returning.
+    """Batch handler: label every ``StepsScored`` of a batch and publish the labels before returning.
 
     Args:
         strategy, completers, completer_refs: how to label and with which models (refs go in the event).
         publish: sends a list of events and returns once they are acknowledged.
         checker: does a rollout's answer match the gold answer (``math_equivalent`` for real models).
-        uncertainty_delta: Δu per solution for ``uncertainty_driven``: a mapping by solution id, or a
-            callable given the solution (``None`` when unknown). Solutions with token log-probabilities
-            and step offsets get Δu computed here when the lookup has none.
-        question_text: the problem text the completer continues, by question id (default: the id).
         max_in_flight: solutions of a batch annotated at once.
         max_aborts: a solution whose annotation aborts (the completer kept failing) makes the batch fail
             and retry with backoff; after this many aborts it is dead-lettered instead, so one poison
             solution cannot stall its partition.
 
-    A solution that cannot be labelled at all (not graded, no steps, no Δu for ``uncertainty_driven``,
-    an unknown question) is rejected to the DLQ with the reason.
+    A solution that cannot be labelled at all (not graded, no steps, no problem text, no Δu for
+    ``uncertainty_driven``) is rejected to the DLQ with the reason.
     """
 
     def __init__(
@@ -172,11 +268,8 @@ class Annotator:
         publish: Callable[[list[Envelope]], object],
         *,
         checker: AnswerChecker = exact_match,
-        uncertainty_delta: Mapping[str, tuple[float, ...]] | DeltaLookup | None = None,
-        question_text: Callable[[str], str] = str,
         max_in_flight: int = 1,
         max_aborts: int = 3,
-        uncertainty_temperature: float = PAPER_TEMPERATURE,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -185,17 +278,8 @@ class Annotator:
         self.completer_refs = tuple(completer_refs)
         self.publish = publish
         self.checker = checker
-        if uncertainty_delta is None:
-            self._delta_lookup: DeltaLookup = lambda sampled: None
-        elif callable(uncertainty_delta):
-            self._delta_lookup = uncertainty_delta
-        else:
-            table = uncertainty_delta
-            self._delta_lookup = lambda sampled: table.get(sampled.solution_id)
-        self.question_text = question_text
         self.max_in_flight = max_in_flight
         self.max_aborts = max_aborts
-        self.uncertainty_temperature = uncertainty_temperature
         self.stats = AnnotatorStats()
         self._aborts: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="annotate")
@@ -208,7 +292,7 @@ class Annotator:
         self._pool.shutdown(wait=True)
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
-        todo = [c for c in batch if isinstance(c.event.payload, SolutionSampled)]
+        todo = [c for c in batch if isinstance(c.event.payload, StepsScored)]
         self.stats.started()
         if self.max_in_flight == 1 or len(todo) <= 1:
             results = [self._one(c) for c in todo]
@@ -236,137 +320,89 @@ class Annotator:
         return rejected
 
     def _one(self, consumed: ConsumedEvent) -> tuple[str, Envelope | str | None]:
-        payload = consumed.event.payload
-        assert isinstance(payload, SolutionSampled)
-        reason = self._unlabelable(payload)
+        scored = consumed.event.payload
+        assert isinstance(scored, StepsScored)
+        reason = self._unlabelable(scored)
         if reason:
             return "reject", reason
-        deltas: tuple[float, ...] | None = None
-        if self.strategy.name == "uncertainty_driven" and not payload.correct:
-            try:
-                deltas = self._deltas(payload)
-            except LookupError as error:
-                return "reject", f"{payload.solution_id}: {error}"
-        try:
-            question = self.question_text(payload.question_id)
-        except LookupError as error:
-            return "reject", (
-                f"{payload.solution_id}: question {payload.question_id!r} is not registered ({error}); "
-                "publish its QuestionRegistered event (prmloop sample does) and re-drive the DLQ"
-            )
         solution = SolutionToLabel(
-            question=question,
-            steps=payload.steps,
-            gold_answer=payload.gold_answer or "",
-            correct=bool(payload.correct),
-            uncertainty_delta=deltas,
+            question=scored.problem or "",
+            steps=scored.steps,
+            gold_answer=scored.gold_answer or "",
+            correct=bool(scored.correct),
+            uncertainty_delta=scored.uncertainty_delta,
         )
         try:
             annotation = annotate(solution, self.strategy, self.completers, checker=self.checker)
         except ValueError as error:
-            return "reject", f"{payload.solution_id}: {error}"
+            return "reject", f"{scored.solution_id}: {error}"
         self.stats.add(annotation)
         if annotation.status == "aborted":
-            self._aborts[payload.solution_id] += 1
-            message = f"annotating {payload.solution_id} aborted: {annotation.error}"
-            if self._aborts[payload.solution_id] >= self.max_aborts:
+            self._aborts[scored.solution_id] += 1
+            message = f"annotating {scored.solution_id} aborted: {annotation.error}"
+            if self._aborts[scored.solution_id] >= self.max_aborts:
                 return "reject", f"{message} ({self.max_aborts} times; given up)"
             return "abort", message
         if annotation.status == "unresolved":
-            log.info("%s: no tried step fell below tau; not labelled (UnPRM drops it)", payload.solution_id)
+            log.info("%s: no tried step fell below tau; not labelled (UnPRM drops it)", scored.solution_id)
             return "skip", None
-        return "event", labeled_event(payload, annotation, self.completer_refs, causation_id=consumed.event.event_id)
+        return "event", labeled_event(scored, annotation, self.completer_refs, causation_id=consumed.event.event_id)
 
-    def _deltas(self, sampled: SolutionSampled) -> tuple[float, ...]:
-        found = self._delta_lookup(sampled)
-        if found is not None:
-            return tuple(found)
-        if sampled.token_logprobs is not None and sampled.step_token_offsets is not None:
-            u = step_uncertainty(
-                sampled.token_logprobs, sampled.step_token_offsets, temperature=self.uncertainty_temperature
+    def _unlabelable(self, scored: StepsScored) -> str | None:
+        sid = scored.solution_id
+        if scored.correct is None:
+            return f"{sid} is not graded (correct=None); grade it against the gold answer first"
+        if not scored.steps:
+            return f"{sid} has no steps to label"
+        if scored.correct:
+            return None
+        if not scored.gold_answer:
+            return f"{sid} has no gold answer, so rollouts cannot be graded"
+        if not scored.problem:
+            return f"{sid} carries no problem text (scored by an older scorer); re-run `prmloop score` on it"
+        if self.strategy.name == "uncertainty_driven" and scored.uncertainty_delta is None:
+            return (
+                f"{sid}: uncertainty_driven needs each step's Δu, and the scorer had no log-probs for it; "
+                "run `prmloop score --model ...` to teacher-force such solutions"
             )
-            return uncertainty_deltas(u)
-        raise LookupError(
-            "uncertainty_driven needs each step's Δu: no StepsScored for this solution and no token "
-            "log-probs to compute it; run `prmloop score` (the step-uncertainty consumer) first"
-        )
-
-    def _unlabelable(self, sampled: SolutionSampled) -> str | None:
-        if sampled.correct is None:
-            return f"{sampled.solution_id} is not graded (correct=None); grade it against the gold answer first"
-        if not sampled.correct and not sampled.gold_answer:
-            return f"{sampled.solution_id} has no gold answer, so rollouts cannot be graded"
-        if not sampled.steps:
-            return f"{sampled.solution_id} has no steps to label"
         return None
 
 
 def run_annotator(
+    settings: AnnotatorSettings,
     *,
     bootstrap_servers: str,
-    strategy: AnnotationStrategy,
-    completers: Sequence[Completer],
-    completer_refs: Sequence[ModelRef],
-    checker: AnswerChecker = exact_match,
-    group_id: str = ANNOTATOR_GROUP,
-    topic: str = SolutionSampled.TOPIC,
-    max_in_flight: int = 1,
-    max_batch: int | None = None,
     kafka: KafkaSettings | None = None,
     outbox_dir: Path | None = None,
     until: Callable[[], bool] | None = None,
-    idle_timeout_s: float | None = None,
-    max_solutions: int | None = None,
-    lookup_timeout_s: float = 30.0,
     install_signal_handlers: bool = True,
+    components: tuple[AnnotationStrategy, Sequence[Completer], Sequence[ModelRef], AnswerChecker] | None = None,
 ) -> dict[str, Any]:
-    """Run the annotator until SIGTERM/SIGINT, ``until()``, ``idle_timeout_s`` without new solutions, or
-    ``max_solutions`` incorrect solutions searched (labelled or unresolved; what is left stays uncommitted
-    for the next run).
+    """Run the annotator until SIGTERM/SIGINT, ``until()``, ``settings.until_idle`` seconds without input,
+    or ``settings.max_solutions`` incorrect solutions searched (labelled or unresolved).
 
-    Reads ``topic`` in consumer group ``group_id`` (start more processes with the same group to share
-    the partitions), looks question texts up in ``questions.registered`` and (for
-    ``uncertainty_driven``) Δu in ``steps.scored``, publishes ``StepsLabeled`` through the acknowledged
-    producer (and an outbox under ``outbox_dir`` when given, for ``prmloop reconcile``). Returns the
-    annotator's counters, the runtime's and the wall time.
+    Publishes ``StepsLabeled`` through the acknowledged producer (and an outbox under ``outbox_dir``
+    when given, for ``prmloop reconcile``). ``components`` replaces :func:`build_annotator` (a model
+    already loaded in this process). Returns the annotator's counters, the runtime's and the wall time.
     """
-    from prmloop.store.index import question_index, step_score_index
     from prmloop.store.kafka import EventProducer
     from prmloop.store.outbox import Outbox
 
     started = time.monotonic()
-    questions = question_index(bootstrap_servers, kafka=kafka)
-    scores = step_score_index(bootstrap_servers, kafka=kafka) if strategy.name == "uncertainty_driven" else None
+    strategy, completers, refs, checker = components or build_annotator(settings)
     outbox = Outbox(outbox_dir, name="annotator") if outbox_dir is not None else None
     producer = EventProducer(bootstrap_servers, kafka=kafka, outbox=outbox)
-
-    def deltas(sampled: SolutionSampled) -> tuple[float, ...] | None:
-        if scores is None:
-            return None
-        found = scores.peek(sampled.solution_id)
-        if found is None and sampled.token_logprobs is None:
-            found = scores.get(sampled.solution_id, timeout_s=lookup_timeout_s)
-        return found.uncertainty_delta if found is not None else None
-
-    handler = Annotator(
-        strategy,
-        completers,
-        completer_refs,
-        producer.publish,
-        checker=checker,
-        uncertainty_delta=deltas,
-        question_text=lambda qid: questions.get(qid, timeout_s=lookup_timeout_s).problem,
-        max_in_flight=max_in_flight,
-    )
+    handler = Annotator(strategy, completers, refs, producer.publish, checker=checker, max_in_flight=settings.in_flight)
     runtime = ConsumerRuntime(
-        topics=[topic],
-        group_id=group_id,
+        topics=[settings.topic],
+        group_id=settings.group,
         bootstrap_servers=bootstrap_servers,
         handler=handler,
         kafka=kafka,
-        max_batch=max_batch or max_in_flight,
+        max_batch=settings.in_flight,
         name="annotator",
     )
+    max_solutions = settings.max_solutions
 
     def done() -> bool:
         counts = handler.stats.counts
@@ -375,13 +411,12 @@ def run_annotator(
         return until is not None and until()
 
     try:
-        stats = runtime.run(until=done, idle_timeout_s=idle_timeout_s, install_signal_handlers=install_signal_handlers)
+        stats = runtime.run(
+            until=done, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
+        )
     finally:
         handler.close()
         producer.close()
-        questions.close()
-        if scores is not None:
-            scores.close()
     return {
         **handler.stats.as_dict(),
         "batches": stats.batches,

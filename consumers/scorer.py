@@ -1,142 +1,117 @@
-"""The step-uncertainty scorer: ``solutions.sampled`` -> ``steps.scored`` (UnPRM Algorithm 1, lines 8-12).
+"""The step scorer: ``solutions.sampled`` -> ``steps.scored`` (UnPRM Algorithm 1, lines 8-12).
 
-For every ``SolutionSampled`` it publishes one ``StepsScored`` with the uncertainty ``u(s_t)`` of each
-step, the deltas ``Δu(s_t)`` and the steps ordered by descending ``Δu``, which the annotator's
-uncertainty-driven search visits in that order.
+The scorer is the one owner of step uncertainty. For every ``SolutionSampled`` it publishes one
+``StepsScored`` with the uncertainty ``u(s_t)`` of each step, the deltas ``Δu(s_t)``, the steps ordered
+by descending ``Δu`` (the order the annotator's uncertainty-driven search visits), the temperature and
+where the log-probabilities came from, and the solution as later stages need it (problem, steps,
+grade, gold answer): the annotator and the judge consume ``steps.scored`` and nothing else.
 
 UnPRM (Sec. 3) scores a token sequence with log-probabilities ``p_1..p_n`` by a softmax over the
-*sequence*, ``z = softmax(p / T)``, and its entropy
+*sequence*, ``z = softmax(p / T)``, and its entropy ``u = -sum_i z_i log z_i``, applied to the tokens
+of one step: ``u(s_t)``; then ``Δu(s_t) = u(s_t) - u(s_{t-1})``. The paper uses ``T = 1``; UnPRM's
+public code divides the log-probabilities by ``T = 5``. The temperature is part of the event id, so
+both can be published side by side.
 
-    u = -sum_{i=1}^{n} z_i log z_i
+Where ``u`` comes from (``source``, also part of the event id):
 
-applied to the tokens of one step: ``u(s_t)``; then ``Δu(s_t) = u(s_t) - u(s_{t-1})``. The paper uses
-``T = 1`` (:data:`~prmloop.models.uncertainty.PAPER_TEMPERATURE`, the default); UnPRM's public code
-divides the log-probabilities by ``T = 5`` (``UNPRM_CODE_TEMPERATURE``), which flattens ``z``. The
-temperature is part of the event id, so both can be published side by side.
+- ``sampled``: the solution carries ``token_logprobs`` and ``step_token_offsets``: the generator's own
+  log-probabilities, so the event's ``scorer`` is the solution's ``generator``. No model is needed.
+- ``teacher_forced``: otherwise, with a model configured (``--model``), recomputed by teacher forcing
+  (:func:`~prmloop.models.scoring.teacher_forced_logprobs`).
+- ``simulator``: ``--simulator`` gives simulated solutions their world's Δu.
+- ``none``: no log-probabilities and no model: the event is still published, with ``u`` unknown
+  (``None``), so strategies that need no Δu can label the solution.
 
-Where the log-probabilities come from (the ``source`` in the event id):
+Step ranking: the paper's list ``U`` holds the steps ``t > 1`` only. Here ``u(s_0) = 0`` (the empty
+prefix), so ``Δu(s_1) = u(s_1)`` and ``step_order`` ranks *every* step, step 0 included, because the
+uncertainty-driven search must be able to place the first error at step 0 too.
 
-- ``sampled``: the solution carries ``token_logprobs`` and ``step_token_offsets`` (the sampling flow
-  records them): the generator's own log-probabilities, so the event's ``scorer`` is the solution's
-  ``generator``. No model is needed.
-- ``teacher_forced``: otherwise (imported data, an API without log-probabilities) a :class:`Scorer`
-  recomputes them with teacher forcing: the prompt is :func:`~prmloop.models.prompts.solution_prompt`
-  of the question in the solution's step format and the continuation its steps as
-  :func:`~prmloop.models.prompts.format_steps` writes them. With a backend that exposes ``tokenizer``
-  and ``score_ids`` (transformers) the prompt and each step are tokenised separately and scored in
-  one forward pass, the step offsets being the cumulative token counts; any other scorer gets one
-  ``score`` pair per step (the prompt plus the steps before it, then the step). The two agree
-  wherever the steps tokenise the same alone as after their predecessors (true of ``Step k:`` lines).
-
-Step ranking: the paper's list ``U`` holds the steps ``t > 1`` only (the first step has no
-predecessor). Here ``u(s_0) = 0`` (the empty prefix), so ``Δu(s_1) = u(s_1)`` and ``step_order`` ranks
-*every* step, step 0 included, because the annotator's uncertainty-driven search must be able to
-place the first error at step 0 too (``rank_steps_by_delta(..., include_first=True)``).
-
-A solution without steps, one whose question is not registered, and one that carries no
-log-probabilities while the scorer runs without a model are rejected to ``solutions.sampled.dlq``
-with the reason; a model failure raises, so the runtime retries the batch with backoff.
+A solution without steps, with step offsets that do not match its steps, or that needs teacher
+forcing but carries no problem text is rejected to ``solutions.sampled.dlq`` with the reason; a model
+failure raises, so the runtime retries the batch with backoff.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Literal
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.backends.base import Scorer
-from prmloop.models.backends.registry import BackendConfig, build_backend
-from prmloop.models.prompts import StepFormat, format_steps, solution_prompt
-from prmloop.models.uncertainty import (
-    PAPER_TEMPERATURE,
-    rank_steps_by_delta,
-    step_uncertainty,
-    uncertainty_deltas,
-)
+from prmloop.models.backends.registry import EngineSettings, build_backend
+from prmloop.models.prompts import solution_prompt
+from prmloop.models.scoring import step_format, teacher_forced_logprobs
+from prmloop.models.simulator import SimulatedStepUncertainty, SimulatorOptions
+from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled, StepsScored, deterministic_event_id, make_event
-from prmloop.store.index import MissingKey, question_index
 from prmloop.store.kafka import EventProducer
 from prmloop.store.settings import KafkaSettings
 
-__all__ = [
-    "PRODUCER",
-    "StepScorer",
-    "run_scorer",
-    "scored_event",
-    "step_format",
-    "teacher_forced_logprobs",
-]
+__all__ = ["PRODUCER", "SCORER_GROUP", "ScorerSettings", "StepScorer", "build_scorer", "run_scorer", "scored_event"]
 
 log = logging.getLogger(__name__)
 
 PRODUCER = "prmloop.scorer/1"
-
-Source = Literal["sampled", "teacher_forced"]
-
-
-def step_format(prompt_format: str) -> StepFormat:
-    """The step format of a solution's ``prompt_format`` (anything but ``double_newline`` is ``step_k``)."""
-    return "double_newline" if prompt_format == "double_newline" else "step_k"
+SCORER_GROUP = "prmloop-scorer"
+SIMULATOR_REF = ModelRef(backend="simulator", name="simulator")
 
 
-def teacher_forced_logprobs(
-    scorer: Scorer, prompt: str, steps: Sequence[str], style: StepFormat
-) -> tuple[tuple[float, ...], tuple[int, ...]]:
-    """Teacher-forced log-probabilities of ``steps`` after ``prompt`` and the token offset of each step.
+class ScorerSettings(EngineSettings, SimulatorOptions):
+    """Options of the step scorer service (``prmloop score``; environment ``PRMLOOP_SCORER_*``)."""
 
-    Step ``t`` is written as ``format_steps([steps[t]], style, start=t + 1)``. With ``tokenizer`` and
-    ``score_ids`` on the scorer: the prompt (the backend's own prompt encoding) and each step are
-    tokenised separately and concatenated, one ``score_ids`` call. Otherwise one ``score`` call with a
-    pair per step: ``(prompt + steps[:t], step t)``.
+    model_config = SettingsConfigDict(env_prefix="PRMLOOP_SCORER_", frozen=True, extra="ignore")
 
-    Raises:
-        ValueError: from the scorer (an empty prompt, for instance).
-    """
-    pieces = [format_steps([step], style, start=t + 1) for t, step in enumerate(steps)]
-    tokenizer = getattr(scorer, "tokenizer", None)
-    score_ids = getattr(scorer, "score_ids", None)
-    if tokenizer is not None and callable(score_ids):
-        encode_prompt = getattr(scorer, "encode_prompt", None)
-        if callable(encode_prompt):
-            prompt_ids = list(encode_prompt(prompt))
-        else:
-            special = bool(getattr(scorer, "add_special_tokens", False))
-            prompt_ids = list(tokenizer.encode(prompt, add_special_tokens=special))
-        piece_ids = [list(tokenizer.encode(piece, add_special_tokens=False)) for piece in pieces]
-        [scored] = score_ids([(prompt_ids, [i for ids in piece_ids for i in ids])])
-        offsets = tuple(itertools.accumulate((len(ids) for ids in piece_ids[:-1]), initial=0))
-        return tuple(scored.logprobs), offsets
-    pairs = [(prompt + "".join(pieces[:t]), piece) for t, piece in enumerate(pieces)]
-    results = scorer.score(pairs)
-    logprobs = tuple(p for r in results for p in r.logprobs)
-    offsets = tuple(itertools.accumulate((len(r.logprobs) for r in results[:-1]), initial=0))
-    return logprobs, offsets
+    model: str | None = Field(
+        default=None,
+        description="teacher-force solutions that carry no log-probs with this model ('smollm2', ...); "
+        "without one their u(s_t) is published as unknown",
+    )
+    simulator: bool = Field(default=False, description="give simulated solutions their world's Δu (see --sim-*)")
+    temperature: float = Field(default=PAPER_TEMPERATURE, gt=0.0, description="T of UnPRM's softmax (1 paper, 5 code)")
+    group: str = Field(default=SCORER_GROUP, description="consumer group; processes in one group share partitions")
+    topic: str = Field(default=SolutionSampled.TOPIC, description="read solutions from this topic")
+    max_batch: int = Field(default=64, ge=1, description="solutions per batch")
+    until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
 
 
 def scored_event(
     sampled: SolutionSampled,
-    step_u: Sequence[float],
+    step_u: Sequence[float] | None,
     scorer_ref: ModelRef,
     *,
     temperature: float,
-    source: Source,
+    source: str,
     causation_id: Any = None,
 ) -> Envelope:
     """The ``StepsScored`` of one solution with its deterministic id (solution, scorer, T, source)."""
-    deltas = uncertainty_deltas(step_u)
+    deltas = uncertainty_deltas(step_u) if step_u is not None else None
     payload = StepsScored(
         solution_id=sampled.solution_id,
         question_id=sampled.question_id,
         scorer=scorer_ref,
-        step_uncertainty=tuple(step_u),
+        step_uncertainty=tuple(step_u) if step_u is not None else None,
         uncertainty_delta=deltas,
         # Every step, step 0 included (the paper ranks t > 1 only; see the module docstring).
-        step_order=rank_steps_by_delta(deltas, include_first=True),
+        step_order=rank_steps_by_delta(deltas, include_first=True) if deltas is not None else None,
+        temperature=temperature,
+        source=source,
+        problem=sampled.problem,
+        steps=sampled.steps,
+        prompt_format=sampled.prompt_format,
+        correct=sampled.correct,
+        final_answer=sampled.final_answer,
+        gold_answer=sampled.gold_answer,
     )
     event_id = deterministic_event_id("StepsScored", sampled.solution_id, scorer_ref.model_dump(), temperature, source)
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
+
+
+class _Reject(Exception):
+    """A solution that can never be scored; the message is the dead-letter reason."""
 
 
 class StepScorer:
@@ -145,11 +120,10 @@ class StepScorer:
     Args:
         publish: acknowledged publication of a list of events (``EventProducer.publish``); called once
             per batch, before the handler returns (the runtime commits the offsets afterwards).
-        scorer: the model that teacher-forces solutions without log-probabilities (``None``: such
-            solutions are rejected).
+        scorer: the model that teacher-forces solutions without log-probabilities (``None``: their
+            ``u`` is published as unknown).
         scorer_ref: the provenance of ``scorer`` (default: its class and ``model_name``).
-        question_text: problem text by question id (``question_index(...).get(qid).problem``); it
-            may raise :class:`~prmloop.store.index.MissingKey`. Required with a scorer.
+        simulated: ``u(s_t)`` of simulated solutions by problem text (checked before anything else).
         temperature: ``T`` of the softmax (1 = paper, 5 = UnPRM's code).
     """
 
@@ -159,166 +133,148 @@ class StepScorer:
         *,
         scorer: Scorer | None = None,
         scorer_ref: ModelRef | None = None,
-        question_text: Callable[[str], str] | None = None,
+        simulated: Callable[[str], tuple[float, ...] | None] | None = None,
         temperature: float = PAPER_TEMPERATURE,
     ) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        if scorer is not None and question_text is None:
-            raise ValueError("a scorer needs question_text: the teacher-forcing prompt contains the problem")
         self.publish = publish
         self.scorer = scorer
         self.scorer_ref = scorer_ref
         if scorer is not None and scorer_ref is None:
             self.scorer_ref = ModelRef(backend=type(scorer).__name__, name=scorer.model_name)
-        self.question_text = question_text
+        self.simulated = simulated
         self.temperature = temperature
-        self.scored_from_logprobs = 0
-        self.teacher_forced = 0
+        self.counts: dict[str, int] = {"sampled": 0, "teacher_forced": 0, "simulator": 0, "none": 0}
         self.rejected = 0
         self.published = 0
 
     def counters(self) -> dict[str, int]:
         return {
-            "scored_from_logprobs": self.scored_from_logprobs,
-            "teacher_forced": self.teacher_forced,
+            "scored_from_logprobs": self.counts["sampled"],
+            "teacher_forced": self.counts["teacher_forced"],
+            "simulated": self.counts["simulator"],
+            "unknown_uncertainty": self.counts["none"],
             "rejected": self.rejected,
             "published": self.published,
         }
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
         out: list[Envelope] = []
-        sources: list[Source] = []
+        sources: list[str] = []
         rejected: list[tuple[ConsumedEvent, str]] = []
         for consumed in batch:
             payload = consumed.event.payload
             if not isinstance(payload, SolutionSampled):
                 continue
             try:
-                event, source = self._score(payload, consumed.event.event_id)
+                step_u, ref, source = self._uncertainty(payload)
             except _Reject as reason:
                 rejected.append((consumed, str(reason)))
                 continue
-            out.append(event)
+            out.append(
+                scored_event(
+                    payload,
+                    step_u,
+                    ref,
+                    temperature=self.temperature,
+                    source=source,
+                    causation_id=consumed.event.event_id,
+                )
+            )
             sources.append(source)
         if out:
             self.publish(out)
         # Counted once the batch's effect is done (a failed publish retries the whole batch).
         self.published += len(out)
-        self.scored_from_logprobs += sources.count("sampled")
-        self.teacher_forced += sources.count("teacher_forced")
+        for source in sources:
+            self.counts[source] += 1
         self.rejected += len(rejected)
         return rejected
 
-    def _score(self, sampled: SolutionSampled, causation_id: Any) -> tuple[Envelope, Source]:
+    def _uncertainty(self, sampled: SolutionSampled) -> tuple[tuple[float, ...] | None, ModelRef, str]:
         sid = sampled.solution_id
         if not sampled.steps:
             raise _Reject(f"{sid} has no steps to score")
+        if self.simulated is not None and sampled.problem is not None:
+            found = self.simulated(sampled.problem)
+            if found is not None:
+                if len(found) != len(sampled.steps):
+                    raise _Reject(
+                        f"{sid}: the simulated world has {len(found)} steps, the solution {len(sampled.steps)}"
+                    )
+                return found, SIMULATOR_REF, "simulator"
         offsets = sampled.step_token_offsets
         if sampled.token_logprobs is not None and offsets is not None:
             if len(offsets) != len(sampled.steps):
                 raise _Reject(f"{sid} has {len(sampled.steps)} steps but {len(offsets)} step_token_offsets")
-            step_u = self._uncertainty(sid, sampled.token_logprobs, offsets)
-            return self._event(sampled, step_u, sampled.generator, "sampled", causation_id), "sampled"
-        if self.scorer is None or self.question_text is None or self.scorer_ref is None:
+            return self._entropy(sid, sampled.token_logprobs, offsets), sampled.generator, "sampled"
+        if self.scorer is None or self.scorer_ref is None:
+            return None, ModelRef(backend="none", name="none"), "none"
+        if not sampled.problem:
             raise _Reject(
-                f"{sid} carries no token log-probs (with step offsets); start the scorer with a model "
-                "(`--model`) to teacher-force it"
+                f"{sid} carries no problem text (an older producer published it); re-publish it with "
+                "`prmloop sample` or `prmloop import` to teacher-force it"
             )
-        try:
-            problem = self.question_text(sampled.question_id)
-        except MissingKey as error:
-            raise _Reject(
-                f"{sid}: question {sampled.question_id!r} is not registered ({error}); register the "
-                "question (publish QuestionRegistered) before its solutions"
-            ) from error
         style = step_format(sampled.prompt_format)
-        prompt = solution_prompt(self.scorer, problem, style)
+        prompt = solution_prompt(self.scorer, sampled.problem, style)
         try:
             logprobs, forced_offsets = teacher_forced_logprobs(self.scorer, prompt, sampled.steps, style)
         except ValueError as error:
             raise _Reject(f"{sid}: teacher forcing failed: {error}") from error
-        step_u = self._uncertainty(sid, logprobs, forced_offsets)
-        return self._event(sampled, step_u, self.scorer_ref, "teacher_forced", causation_id), "teacher_forced"
+        return self._entropy(sid, logprobs, forced_offsets), self.scorer_ref, "teacher_forced"
 
-    def _uncertainty(self, sid: str, logprobs: Sequence[float], offsets: Sequence[int]) -> tuple[float, ...]:
+    def _entropy(self, sid: str, logprobs: Sequence[float], offsets: Sequence[int]) -> tuple[float, ...]:
         try:
             return step_uncertainty(logprobs, offsets, temperature=self.temperature)
         except ValueError as error:
             raise _Reject(f"{sid}: {error}") from error
 
-    def _event(
-        self, sampled: SolutionSampled, step_u: Sequence[float], ref: ModelRef, source: Source, causation_id: Any
-    ) -> Envelope:
-        return scored_event(
-            sampled, step_u, ref, temperature=self.temperature, source=source, causation_id=causation_id
-        )
 
-
-class _Reject(Exception):
-    """A solution that can never be scored; the message is the dead-letter reason."""
+def build_scorer(settings: ScorerSettings, publish: Callable[[list[Envelope]], object]) -> StepScorer:
+    """The scorer handler ``settings`` describe (loads the teacher-forcing model, rebuilds a simulated world)."""
+    scorer: Scorer | None = None
+    scorer_ref: ModelRef | None = None
+    if settings.model is not None:
+        scorer = build_backend(settings.backend_config())
+        scorer_ref = ModelRef(backend=settings.backend, name=scorer.model_name)
+    simulated = SimulatedStepUncertainty(settings.world()[1]) if settings.simulator else None
+    return StepScorer(
+        publish, scorer=scorer, scorer_ref=scorer_ref, simulated=simulated, temperature=settings.temperature
+    )
 
 
 def run_scorer(
+    settings: ScorerSettings,
     *,
     bootstrap_servers: str,
-    backend: BackendConfig | None = None,
-    group_id: str = "prmloop-scorer",
-    topics: Sequence[str] = (SolutionSampled.TOPIC,),
-    temperature: float = PAPER_TEMPERATURE,
     kafka: KafkaSettings | None = None,
-    max_batch: int = 64,
-    question_timeout_s: float = 10.0,
     until: Callable[[], bool] | None = None,
-    until_idle_s: float | None = None,
     install_signal_handlers: bool = True,
 ) -> dict[str, int]:
-    """Run the scorer until SIGTERM/SIGINT, ``until()``, or ``until_idle_s`` seconds without new events.
-
-    Args:
-        backend: the model that teacher-forces solutions without log-probabilities (``None``: only
-            solutions that carry their generator's log-probabilities are scored, the rest rejected).
-        topics: what to read (``solutions.sampled``; tests use a private topic).
-        question_timeout_s: how long a question lookup waits for ``questions.registered``.
-        until_idle_s: stop after this many seconds in which no event arrived (counted from when
-            the consumer got its partitions).
+    """Run the scorer until SIGTERM/SIGINT, ``until()``, or ``settings.until_idle`` seconds without input.
 
     Returns:
-        The handler's counters (``scored_from_logprobs``, ``teacher_forced``, ``rejected``,
-        ``published``) and the runtime's ``batches`` and ``dead_lettered``.
+        The handler's counters and the runtime's ``batches`` and ``dead_lettered``.
     """
-    scorer: Scorer | None = None
-    scorer_ref: ModelRef | None = None
-    if backend is not None:
-        scorer = build_backend(backend)
-        scorer_ref = ModelRef(backend=backend.backend, name=scorer.model_name)
     kafka = kafka or KafkaSettings()
-    index = question_index(bootstrap_servers, kafka=kafka) if scorer is not None else None
     producer = EventProducer(bootstrap_servers, kafka=kafka)
     try:
-        handler = StepScorer(
-            producer.publish,
-            scorer=scorer,
-            scorer_ref=scorer_ref,
-            question_text=(
-                (lambda qid: index.get(qid, timeout_s=question_timeout_s).problem) if index is not None else None
-            ),
-            temperature=temperature,
-        )
+        handler = build_scorer(settings, producer.publish)
         runtime = ConsumerRuntime(
-            topics=topics,
-            group_id=group_id,
+            topics=[settings.topic],
+            group_id=settings.group,
             bootstrap_servers=bootstrap_servers,
             handler=handler,
             kafka=kafka,
-            max_batch=max_batch,
+            max_batch=settings.max_batch,
             name="scorer",
         )
-        stats = runtime.run(until=until, idle_timeout_s=until_idle_s, install_signal_handlers=install_signal_handlers)
+        stats = runtime.run(
+            until=until, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
+        )
     finally:
         producer.close()
-        if index is not None:
-            index.close()
     counters = handler.counters()
     log.info("scorer stopped: %s", counters)
     return {**counters, "batches": stats.batches, "dead_lettered": stats.dead_lettered}

@@ -72,33 +72,25 @@ def _stored(db: Path) -> int:
 
 def _score_and_annotate(console: Console, servers: str, annotate: int) -> int:
     """Score the sampled solutions' steps, then label ``annotate`` incorrect ones; events published."""
-    from prmloop.consumers.annotator import run_annotator
-    from prmloop.consumers.scorer import run_scorer
-    from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
-    from prmloop.models.annotation.estimate import Sampling
-    from prmloop.models.annotation.strategies import AdaptiveBinarySearch
-    from prmloop.models.backends.base import SamplingParams
-    from prmloop.models.backends.registry import BackendConfig, build_backend
-    from prmloop.store.events import ModelRef
+    from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
+    from prmloop.consumers.scorer import ScorerSettings, run_scorer
 
-    counters = run_scorer(bootstrap_servers=servers, until_idle_s=5, install_signal_handlers=False)
+    counters = run_scorer(ScorerSettings(until_idle=5), bootstrap_servers=servers, install_signal_handlers=False)
     console.print(f"scored the steps of {counters['published']} solutions from their own token log-probs")
     if annotate <= 0:
         return int(counters["published"])
-    engine = build_backend(BackendConfig())
-    completer = GeneratorCompleter(engine, params=SamplingParams(temperature=0.7, max_new_tokens=160))
-    strategy = AdaptiveBinarySearch(sampling=Sampling(n0=4, n_min_correct=2, n_max=8, grow_by=4))
-    console.print(f"labelling {annotate} incorrect solution(s) with SmolLM2 rollouts (adaptive binary search)")
-    summary = run_annotator(
-        bootstrap_servers=servers,
-        strategy=strategy,
-        completers=[completer],
-        completer_refs=[ModelRef(backend="transformers", name=engine.model_name)],
-        checker=math_equivalent,
-        idle_timeout_s=10,
+    # Small sample counts so one search fits a laptop: 4..8 rollouts per state, 160 tokens each.
+    settings = AnnotatorSettings(
+        strategy="adaptive_binary",
+        n0=4,
+        n_min=2,
+        n_max=8,
+        max_new_tokens=160,
+        until_idle=10,
         max_solutions=annotate,
-        install_signal_handlers=False,
     )
+    console.print(f"labelling {annotate} incorrect solution(s) with SmolLM2 rollouts (adaptive binary search)")
+    summary = run_annotator(settings, bootstrap_servers=servers, install_signal_handlers=False)
     console.print(
         f"labelled {summary['labelled']} (+{summary['all_correct']} correct ones; {summary['unresolved']} unresolved: "
         f"the completer never reached the gold answer) with {summary['rollouts']} rollouts, "
@@ -134,9 +126,10 @@ def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3,
         expected = len(events)
         if questions:
             from prmloop.flows.sample import run_sample
+            from prmloop.producers.sampler import SampleSettings
 
             console.print(f"sampling {questions} GSM8K questions x {k} solutions with SmolLM2-135M on the CPU")
-            summary = run_sample(
+            settings = SampleSettings(
                 dataset="gsm8k",
                 limit=questions,
                 k=k,
@@ -144,9 +137,9 @@ def run_demo(n_events: int = 0, db_path: Path | None = None, questions: int = 3,
                 n=k - 1,
                 max_new_tokens=256,
                 publish_unselected=True,
-                bootstrap_servers=servers,
                 batch_size=1,
             )
+            summary = run_sample(settings, bootstrap_servers=servers)
             expected += int(summary["events_published"])
             console.print(
                 f"sampled {summary['solutions']} solutions: {summary['correct']} correct, "

@@ -4,9 +4,8 @@ Every label in prmloop ends in the question "is this answer right?": Monte-Carlo
 by the fraction that reach the gold answer (EpicPRM, Sec. 3, the ``MC`` estimate; Qwen's "Lessons",
 Sec. 2), and majority / PRM-weighted voting groups equivalent answers. This module is that oracle.
 
-- :func:`extract_answer` finds the final answer in free text: the last ``\\boxed{...}`` / ``\\fbox{...}``
-  (nested braces allowed), else the last ``The (final) answer is ...``, else the last ``#### ...``
-  (GSM8K).
+- :func:`~prmloop.models.answers.extract_answer` finds the final answer in free text (boxed, "The
+  answer is", ``####``).
 - :func:`answers_equivalent` and :func:`grade` decide equivalence with math-verify (``parse`` +
   ``verify``), after a cheap normalised-string fast path.
 - :func:`group_equivalent_answers` clusters answers for voting.
@@ -30,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import re
 import signal
 import threading
 import time
@@ -42,17 +40,16 @@ from functools import lru_cache
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from prmloop.models.answers import answer_or_bare, normalize_answer
+
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "AnswerCheckTimeout",
     "GradeOutcome",
     "GradeResult",
     "answers_equivalent",
-    "extract_answer",
     "grade",
     "group_equivalent_answers",
-    "last_boxed",
-    "normalize_answer",
     "shutdown_grading_worker",
 ]
 
@@ -101,137 +98,6 @@ class GradeResult:
     @property
     def is_correct(self) -> bool:
         return self.outcome is GradeOutcome.CORRECT
-
-
-# --------------------------------------------------------------------------------------------------
-# Extraction
-# --------------------------------------------------------------------------------------------------
-
-_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_IS_RE = re.compile(r"(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*(?P<ans>[^\n]+)", flags=re.IGNORECASE)
-_HASHES_RE = re.compile(r"####\s*(?P<ans>[^\n]+)")
-_INLINE_MATH_RE = re.compile(r"^\$+(?P<inner>.+?)\$+")
-
-
-def _boxed_contents(text: str) -> list[str]:
-    """All ``\\boxed{...}`` / ``\\fbox{...}`` contents in order, honouring nested braces.
-
-    An unbalanced final box (generation cut off by the token limit) is ignored.
-    """
-    found: list[str] = []
-    for match in _BOXED_RE.finditer(text):
-        depth = 1
-        i = match.end()
-        while i < len(text) and depth:
-            ch = text[i]
-            if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-                i += 2
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-            i += 1
-        if depth == 0:
-            found.append(text[match.end() : i - 1])
-    return found
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` in ``text``, else ``None``."""
-    boxed = _boxed_contents(text)
-    return boxed[-1].strip() if boxed else None
-
-
-def _clean_tail(answer: str) -> str:
-    """Trim a line-style answer (``The answer is $x$.``, ``#### 18``) down to the answer itself."""
-    answer = answer.strip()
-    inline = _INLINE_MATH_RE.match(answer)
-    if inline:
-        answer = inline.group("inner")
-    answer = answer.strip().rstrip(".").strip()
-    answer = answer.strip("$").strip()
-    # An unbalanced brace means the answer was cut off (token limit): there is no answer to read.
-    return answer if answer.count("{") == answer.count("}") else ""
-
-
-def extract_answer(text: str) -> str | None:
-    """The final answer stated in ``text``, or ``None`` if it states none.
-
-    Order of precedence (the formats of MATH / PRM800K, EpicPRM's 2-shot prompt, and GSM8K):
-
-    1. the content of the last complete ``\\boxed{...}`` or ``\\fbox{...}`` (nested braces allowed);
-    2. the rest of the line after the last ``The (final) answer is`` / ``Answer:``, with ``$...$``
-       and a trailing full stop removed;
-    3. the rest of the line after the last ``####``.
-
-    Examples:
-        >>> extract_answer(r"so $x = \\boxed{\\frac{1}{2}}$.")
-        '\\\\frac{1}{2}'
-        >>> extract_answer("Step 3: 9 * 2 = 18. The final answer is 18.")
-        '18'
-        >>> extract_answer("She makes $18.\\n#### 18")
-        '18'
-        >>> extract_answer("I give up") is None
-        True
-    """
-    boxed = last_boxed(text)
-    if boxed is not None:
-        return boxed
-    for pattern in (_ANSWER_IS_RE, _HASHES_RE):
-        matches = list(pattern.finditer(text))
-        if matches:
-            cleaned = _clean_tail(matches[-1].group("ans"))
-            if cleaned:
-                return cleaned
-    return None
-
-
-_BARE_ANSWER_MAX_CHARS = 64
-_MATHY_RE = re.compile(r"[0-9\\^=(){}\[\]/+*<>_|]")
-_SINGLE_WORD_RE = re.compile(r"^[A-Za-z]+$")
-
-
-def _answer_from(text: str) -> str | None:
-    """The answer in ``text``: extracted if it has a marker, else ``text`` itself if it looks like one.
-
-    A bare answer is a single short line that contains something mathematical (a digit, a LaTeX
-    command, an operator or bracket) or is a single word (MATH has answers such as ``Evelyn``).
-    Anything else without an answer marker (``I don't know``) has no answer.
-    """
-    extracted = extract_answer(text)
-    if extracted is not None:
-        return extracted
-    stripped = _clean_tail(text)
-    if not stripped or "\n" in stripped or len(stripped) > _BARE_ANSWER_MAX_CHARS:
-        return None
-    if _MATHY_RE.search(stripped) or _SINGLE_WORD_RE.match(stripped):
-        return stripped
-    return None
-
-
-# --------------------------------------------------------------------------------------------------
-# Normalisation (fast path only: equal keys imply equivalent answers; unequal keys decide nothing)
-# --------------------------------------------------------------------------------------------------
-
-_NORMALIZE_DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "$", "\\displaystyle")
-_NORMALIZE_SUBS = (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\le ", "\\leq "), ("\\ge ", "\\geq "))
-
-
-def normalize_answer(answer: str) -> str:
-    """A conservative canonical key: two answers with the same key are the same answer.
-
-    Removes whitespace, ``$``, ``\\left``/``\\right``, LaTeX spacing commands and a trailing full
-    stop, and maps ``\\dfrac``/``\\tfrac`` to ``\\frac``. It never rewrites values (no unit stripping,
-    no number formatting), so it cannot merge different answers; math-verify handles the rest.
-    """
-    key = answer.strip()
-    for old, new in _NORMALIZE_SUBS:
-        key = key.replace(old, new)
-    for token in _NORMALIZE_DROP:
-        key = key.replace(token, "")
-    key = "".join(key.split())
-    return key.rstrip(".")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,10 +367,10 @@ def grade(prediction: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -
     Raises:
         ValueError: if ``gold`` is empty (a data error, not a model error).
     """
-    gold_answer = _answer_from(gold) or gold.strip()
+    gold_answer = answer_or_bare(gold) or gold.strip()
     if not gold_answer:
         raise ValueError("grade() needs a non-empty gold answer; check the question's gold_answer field")
-    predicted = _answer_from(prediction)
+    predicted = answer_or_bare(prediction)
     if predicted is None:
         return GradeResult(GradeOutcome.UNPARSEABLE, None, gold_answer, "no-answer")
     if normalize_answer(predicted) == normalize_answer(gold_answer):

@@ -57,9 +57,7 @@ def read_processbench(path: Path) -> tuple[list[ProcessBenchItem], list[str]]:
         ProcessBenchFileError: no such file, not JSON, not a non-empty list, or not one valid item.
     """
     if not path.is_file():
-        raise ProcessBenchFileError(
-            f"{path}: no such ProcessBench file (e.g. ../shared/data/processbench/gsm8k.json)"
-        )
+        raise ProcessBenchFileError(f"{path}: no such ProcessBench file (e.g. ../shared/data/processbench/gsm8k.json)")
     try:
         rows = json.loads(path.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:

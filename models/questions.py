@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-from prmloop.models.grading import last_boxed
+from prmloop.models.answers import last_boxed
 
 __all__ = [
     "DATASETS",

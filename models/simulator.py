@@ -27,6 +27,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.strategies import SolutionToLabel
 
@@ -34,7 +37,9 @@ __all__ = [
     "SimulatedCompleter",
     "SimulatedCompleterError",
     "SimulatedSolution",
+    "SimulatedStepUncertainty",
     "SimulatorConfig",
+    "SimulatorOptions",
     "simulate_solutions",
 ]
 
@@ -183,3 +188,41 @@ class SimulatedCompleter:
             return Rollout(None, tokens, -nll * tokens, "stop")
         answer = solution.gold_answer if correct else str(int(solution.gold_answer) + 1 + rng.randrange(5))
         return Rollout(answer, tokens, -nll * tokens, "stop")
+
+
+class SimulatorOptions(BaseSettings):
+    """The options that name one simulated world; ``prmloop simulate``, ``score --simulator`` and
+    ``annotate --completer simulator`` must be given the same ones to agree on it."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+
+    sim_n: int = Field(default=100, ge=1, description="simulator: the world's size (as given to `prmloop simulate`)")
+    sim_seed: int = Field(default=0, description="simulator: the world's seed")
+    correlation: float = Field(
+        default=0.7, ge=0.0, le=1.0, description="simulator: how strongly step uncertainty marks the first error"
+    )
+
+    def world(self) -> tuple[SimulatorConfig, list[SimulatedSolution]]:
+        config = SimulatorConfig(uncertainty_correlation=self.correlation)
+        return config, simulate_solutions(self.sim_n, config, seed=self.sim_seed)
+
+
+class SimulatedStepUncertainty:
+    """The step uncertainty ``u(s_t)`` of simulated solutions, by problem text (as the completer keys them).
+
+    ``u(s_t)`` is the running sum of the world's Δu with ``u(s_0) = 0``, so the deltas a scorer takes
+    of it are the world's own, with their configured correlation to the first error.
+    """
+
+    def __init__(self, solutions: Sequence[SimulatedSolution]) -> None:
+        self._by_question = {s.question: s for s in solutions}
+
+    def __call__(self, problem: str) -> tuple[float, ...] | None:
+        solution = self._by_question.get(problem)
+        if solution is None:
+            return None
+        total, out = 0.0, []
+        for delta in solution.uncertainty_delta:
+            total += delta
+            out.append(total)
+        return tuple(out)

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from prmloop.models.grading import extract_answer
+from prmloop.models.answers import extract_answer
 from prmloop.models.processbench import ProcessBenchItem
 from prmloop.models.questions import Question
 from prmloop.producers.events import question_registered, solution_sampled

@@ -212,6 +212,7 @@ class StepsScored(Payload):
     """A solution with the uncertainty of each step: the step scorer's output and the annotator's and
     judge's input. It carries the solution as they need it (problem, steps, grade, gold answer), so
     nothing downstream reads ``solutions.sampled`` or ``questions.registered`` on the side."""
+
     event_type: Literal["StepsScored"] = "StepsScored"
     TOPIC: ClassVar[str] = "steps.scored"
 

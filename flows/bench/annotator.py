@@ -1,6 +1,7 @@
 """``prmloop bench annotator``: does labelling throughput grow with annotator processes and in-flight solutions?
 
-One world of simulated incorrect solutions is published to a fresh topic per configuration; each
+One world of simulated incorrect solutions, scored as ``prmloop score --simulator`` scores them, is
+published to a fresh topic per configuration; each
 configuration runs real ``prmloop annotate --completer simulator`` processes in one consumer group on
 that topic until they are idle. The simulator sleeps ``latency_s`` per engine call, standing in for
 the time a GPU engine takes per batched request (the labels themselves cost no CPU), so the figure is
@@ -23,19 +24,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.simulator import SimulatorConfig, simulate_solutions
+from prmloop.consumers.scorer import StepScorer
+from prmloop.models.simulator import SimulatedSolution, SimulatedStepUncertainty, SimulatorConfig, simulate_solutions
 from prmloop.producers.simulated import simulated_events
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.codec import encode_event
-from prmloop.store.events import SolutionSampled
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.events import Envelope, SolutionSampled
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, dlq_topic
 
-__all__ = ["DEFAULT_CONFIGS", "bench_annotator"]
+__all__ = ["DEFAULT_CONFIGS", "bench_annotator", "scored_simulated_events"]
 
 #: (processes, solutions in flight per process)
 DEFAULT_CONFIGS: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (1, 4))
+
+
+def scored_simulated_events(world: Sequence[SimulatedSolution], seed: int) -> tuple[list[Envelope], list[Envelope]]:
+    """The questions and solutions of a simulated world, and their ``StepsScored`` as the real step
+    scorer (``prmloop score --simulator``) makes them: what the annotator consumes."""
+    events = simulated_events(world, seed)
+    scored: list[Envelope] = []
+    handler = StepScorer(scored.extend, simulated=SimulatedStepUncertainty(world))
+    sampled = [e for e in events if isinstance(e.payload, SolutionSampled)]
+    handler([ConsumedEvent(e, SolutionSampled.TOPIC, 0, i, 0) for i, e in enumerate(sampled)])
+    return events, scored
 
 
 def _run_config(
@@ -44,12 +58,10 @@ def _run_config(
     n, seed = world
     topic = f"bench-annotate-{uuid.uuid4().hex[:8]}"
     ensure_topics(servers, [TopicSpec(topic, 4), TopicSpec(dlq_topic(topic), 1)])
-    events = simulated_events(simulate_solutions(n, SimulatorConfig(), seed=seed), seed)
+    _, scored = scored_simulated_events(simulate_solutions(n, SimulatorConfig(), seed=seed), seed)
     with EventProducer(servers) as producer:
-        producer.publish([e for e in events if not isinstance(e.payload, SolutionSampled)])
-        for e in events:
-            if isinstance(e.payload, SolutionSampled):
-                producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
+        for e in scored:
+            producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": servers, "PRMLOOP_HOME": str(home)}
     command = [sys.executable, "-m", "prmloop.flows.cli", "annotate", "--completer", "simulator"]
     command += ["--sim-n", str(n), "--sim-seed", str(seed), "--sim-latency", str(latency_s), "--topic", topic]

@@ -50,13 +50,13 @@ def evaluate_processbench(
 
     Returns the agreement and cost summary plus one row per solution (``per_solution``).
     """
-    from prmloop.consumers.scorer import teacher_forced_logprobs
     from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
     from prmloop.models.annotation.estimate import Sampling
     from prmloop.models.annotation.strategies import SolutionToLabel, annotate, make_strategy
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import BackendConfig, build_backend
     from prmloop.models.prompts import solution_prompt
+    from prmloop.models.scoring import teacher_forced_logprobs
     from prmloop.models.uncertainty import step_uncertainty, uncertainty_deltas
 
     path = path or data_dir() / "processbench" / "gsm8k.json"

@@ -151,7 +151,7 @@ class GeneratorCompleter:
         return solution_prompt(self.generator, question, self.style) + format_steps(steps, self.style)
 
     def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
-        from prmloop.models.grading import extract_answer
+        from prmloop.models.answers import extract_answer
 
         with self._draw_lock:
             draw = self._draws.get((question, len(steps)), 0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +30,8 @@ __all__ = [
     "SamplingParams",
     "ScoredText",
     "Scorer",
+    "TokenIdScorer",
+    "Tokenized",
     "tokens_perplexity",
 ]
 
@@ -157,4 +159,27 @@ class Scorer(Protocol):
         The prompt and the continuation are tokenised separately and concatenated, as a generator
         conditions its sampled tokens on the prompt's tokens.
         """
+        ...
+
+
+@runtime_checkable
+class Tokenized(Protocol):
+    """A backend that exposes its tokenizer, so step boundaries map to token offsets (the sampler
+    records them; the scorer splits log-probs by them). HTTP backends do not: their steps come from
+    the text alone."""
+
+    tokenizer: Any
+
+
+@runtime_checkable
+class TokenIdScorer(Tokenized, Scorer, Protocol):
+    """A scorer that takes token ids: the prompt and each step are tokenised separately and scored in
+    one forward pass, the step offsets being the cumulative token counts (the transformers backend)."""
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The prompt's token ids as this backend encodes prompts for generation."""
+        ...
+
+    def score_ids(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ScoredText]:
+        """Per-token log-probabilities of each continuation's ids after its prompt's ids."""
         ...

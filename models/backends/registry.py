@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.models.backends.base import Generator, SamplingParams, Scorer
 
-__all__ = ["BACKENDS", "Backend", "BackendConfig", "build_backend", "register_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendConfig", "EngineSettings", "build_backend", "register_backend"]
 
 
 class Backend(Generator, Scorer, Protocol):
@@ -45,6 +46,35 @@ class BackendConfig(BaseModel):
             "openai {base_url, api_key, timeout_s, tokenizer}"
         ),
     )
+
+
+class EngineSettings(BaseSettings):
+    """The model options every service shares (``--backend``, ``--model``, ``--base-url``, ``--threads``).
+
+    Services inherit these fields into their own settings object, so each option is declared once.
+    """
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore")
+
+    backend: str = Field(default="transformers", description="engine: transformers, vllm or openai")
+    model: str = Field(
+        default="smollm2", description="'smollm2' (the embedded model), a local folder, or a served model's name"
+    )
+    base_url: str | None = Field(default=None, description="openai backend: the server's /v1 URL")
+    threads: int | None = Field(
+        default=None, ge=1, description="transformers: torch CPU threads (1 on a shared CPU; default: torch's)"
+    )
+
+    def backend_config(self, sampling: SamplingParams | None = None) -> BackendConfig:
+        """The :class:`BackendConfig` these options name."""
+        options: dict[str, Any] = {}
+        if self.threads is not None:
+            options["num_threads"] = self.threads
+        if self.base_url is not None:
+            options["base_url"] = self.base_url
+        return BackendConfig(
+            backend=self.backend, model=self.model, options=options, sampling=sampling or SamplingParams()
+        )
 
 
 BackendFactory = Callable[[BackendConfig], Backend]

@@ -1,30 +1,37 @@
-"""The annotator: simulated solutions in, StepsLabeled out with deterministic ids, on a real broker."""
+"""The annotator: scored simulated solutions in, StepsLabeled out with deterministic ids, on a real broker;
+the uncertainty-driven strategy takes its Δu from the StepsScored event it consumes."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 
 from prmloop.consumers.annotator import Annotator
-from prmloop.models.annotation.strategies import AdaptiveBinarySearch
+from prmloop.models.annotation.completer import Rollout
+from prmloop.models.annotation.strategies import AdaptiveBinarySearch, UncertaintyDrivenSearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
-from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionSampled, StepsLabeled, make_event
+from prmloop.store.events import Envelope, ModelRef, StepsLabeled, StepsScored, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.topics import TopicSpec, dlq_topic
 
 SIM = ModelRef(backend="simulator", name="simulator")
 
 
-def _sampled(solution: SimulatedSolution, i: int, correct: bool = False) -> Envelope:
-    payload = SolutionSampled(
+def _sampled(
+    solution: SimulatedSolution, i: int, correct: bool = False, deltas: tuple[float, ...] | None = None
+) -> Envelope:
+    """The ``StepsScored`` the step scorer would publish for a simulated solution."""
+    payload = StepsScored(
         solution_id=f"sol-{solution.question}-{i}",
         question_id=solution.question,
-        generator=SIM,
-        sampling=SamplingSpec(),
-        prompt_format="step_k",
-        text="\n".join(solution.steps),
+        scorer=SIM,
+        step_uncertainty=None,
+        uncertainty_delta=deltas,
+        step_order=None,
+        problem=solution.question,
         steps=solution.steps,
         final_answer=solution.gold_answer if correct else "0",
         correct=correct,
@@ -34,7 +41,7 @@ def _sampled(solution: SimulatedSolution, i: int, correct: bool = False) -> Enve
 
 
 def _consumed(event: Envelope, offset: int) -> ConsumedEvent:
-    return ConsumedEvent(event, "solutions.sampled", 0, offset, 0)
+    return ConsumedEvent(event, StepsScored.TOPIC, 0, offset, 0)
 
 
 def test_a_rerun_publishes_the_same_label_ids() -> None:
@@ -88,3 +95,80 @@ def test_the_annotator_labels_every_solution_from_a_real_broker(kafka_bootstrap:
     truth = {f"sol-{s.question}-{i}": s.first_error_step for i, s in enumerate(solutions)}
     hits = sum(labelled[k].first_error_step == v for k, v in truth.items())
     assert hits >= 4  # adaptive binary search is ~97% accurate on the default simulator
+
+
+class _RecordingCompleter(SimulatedCompleter):
+    """The simulator, remembering the length of every prefix it was asked to continue."""
+
+    def __init__(self, solutions: list[SimulatedSolution]) -> None:
+        super().__init__(solutions)
+        self.prefixes: list[int] = []
+
+    def complete(self, question: str, steps, n: int):  # type: ignore[no-untyped-def]
+        self.prefixes.append(len(steps))
+        return super().complete(question, steps, n)
+
+
+def test_uncertainty_driven_visits_steps_in_the_order_of_the_events_delta_u() -> None:
+    (solution,) = simulate_solutions(1, seed=21)
+    n = solution.n_steps
+    # Δu highest at step n - 2 (the last step of an incorrect solution is known wrong without rollouts).
+    deltas = (*(float(t) for t in range(n - 1)), -1.0)
+    completer = _RecordingCompleter([solution])
+    handler = Annotator(UncertaintyDrivenSearch(), [completer], [SIM], lambda _: None)
+    assert list(handler([_consumed(_sampled(solution, 0, deltas=deltas), 0)])) == []
+    probed = [m for m in completer.prefixes if m > 0]
+    # State s_t after step t holds t + 1 steps: the search tried the highest-Δu step (n - 2) first.
+    assert probed[0] == n - 1
+
+
+def test_uncertainty_driven_rejects_a_solution_whose_delta_u_is_unknown() -> None:
+    (solution,) = simulate_solutions(1, seed=22)
+    handler = Annotator(UncertaintyDrivenSearch(), [SimulatedCompleter([solution])], [SIM], lambda _: None)
+    rejected = list(handler([_consumed(_sampled(solution, 0, deltas=None), 0)]))
+    assert len(rejected) == 1 and "Δu" in rejected[0][1] and "prmloop score --model" in rejected[0][1]
+
+
+class FailingCompleter:
+    name = "broken"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        self.calls += 1
+        raise RuntimeError("engine down")
+
+
+def test_a_solution_that_keeps_aborting_is_dead_lettered_on_the_third_try() -> None:
+    steps = ("Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 8.")
+    payload = StepsScored(
+        solution_id="s-1",
+        question_id="q-1",
+        scorer=ModelRef(backend="test", name="test"),
+        step_uncertainty=None,
+        uncertainty_delta=None,
+        step_order=None,
+        problem="Tom has 3 apples and buys 4 more. How many apples does he have?",
+        steps=steps,
+        final_answer="8",
+        correct=False,
+        gold_answer="7",
+    )
+    batch = [_consumed(make_event(payload, producer="test"), 0)]
+    published: list[list[Envelope]] = []
+    completer = FailingCompleter()
+    handler = Annotator(
+        AdaptiveBinarySearch(), [completer], [ModelRef(backend="test", name="broken")], published.append
+    )
+    for attempt in range(2):
+        try:
+            handler(batch)
+        except RuntimeError as error:  # the runtime retries the batch with backoff
+            assert "aborted" in str(error) and "engine down" in str(error)
+        else:
+            raise AssertionError(f"attempt {attempt} should have failed the batch")
+    rejected = list(handler(batch))
+    assert len(rejected) == 1 and "given up" in rejected[0][1]
+    assert published == [] and completer.calls == 9  # 3 attempts of the first state, 3 batch tries
+    assert handler.stats.as_dict()["aborted"] == 3

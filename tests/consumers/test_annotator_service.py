@@ -16,28 +16,27 @@ from pathlib import Path
 from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.consumers.annotator import Annotator
+from prmloop.flows.bench.annotator import scored_simulated_events
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
-from prmloop.producers.simulated import SIMULATOR_REF, simulated_events, simulated_solution_id
+from prmloop.producers.simulated import SIMULATOR_REF, simulated_solution_id
 from prmloop.store.codec import decode_stored_form, encode_event
 from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.events import Envelope, SolutionSampled, StepsLabeled
+from prmloop.store.events import Envelope, StepsLabeled, StepsScored
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.topics import TopicSpec, dlq_topic
 
 
 def publish_world(servers: str, n: int, seed: int, partitions: int = 4) -> tuple[str, list[SimulatedSolution]]:
-    """Simulated questions and step scores on their usual topics, the solutions on a private topic."""
+    """The simulated solutions, scored as the step scorer scores them, on a private topic."""
     topic = f"test-annotate-{uuid.uuid4().hex[:8]}"
     ensure_topics(servers)
     ensure_topics(servers, [TopicSpec(topic, partitions), TopicSpec(dlq_topic(topic), 1)])
     solutions = simulate_solutions(n, seed=seed)
-    events = simulated_events(solutions, seed)
+    _, scored = scored_simulated_events(solutions, seed)
     with EventProducer(servers) as producer:
-        producer.publish([e for e in events if not isinstance(e.payload, SolutionSampled)])
-        for e in events:
-            if isinstance(e.payload, SolutionSampled):
-                producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
+        for e in scored:
+            producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
     return topic, solutions
 
 
@@ -132,9 +131,9 @@ def test_two_annotators_in_one_group_share_the_work(kafka_bootstrap: str, tmp_pa
 
 def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
     solutions = simulate_solutions(8, seed=77)
-    events = [e for e in simulated_events(solutions, 77) if isinstance(e.payload, SolutionSampled)]
-    batch = [ConsumedEvent(e, "solutions.sampled", 0, i, 0) for i, e in enumerate(events)]
-    texts = {e.payload.question_id: s.question for e, s in zip(events, solutions, strict=True)}  # type: ignore[union-attr]
+    _, events = scored_simulated_events(solutions, 77)
+    assert all(isinstance(e.payload, StepsScored) for e in events)
+    batch = [ConsumedEvent(e, StepsScored.TOPIC, 0, i, 0) for i, e in enumerate(events)]
     results = []
     for in_flight in (1, 4):
         published: list[list[Envelope]] = []
@@ -143,7 +142,6 @@ def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
             [SimulatedCompleter(solutions, seed=77)],
             [SIMULATOR_REF],
             published.append,
-            question_text=texts.__getitem__,
             max_in_flight=in_flight,
         )
         assert list(handler(batch)) == []

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from prmloop.consumers.scorer import StepScorer, run_scorer, teacher_forced_logprobs
+from prmloop.consumers.scorer import ScorerSettings, StepScorer, run_scorer
 from prmloop.models.backends.base import ScoredText
 from prmloop.models.prompts import format_steps, solution_prompt
+from prmloop.models.scoring import teacher_forced_logprobs
 from prmloop.store.codec import decode_event, encode_event
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
@@ -26,7 +27,6 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
-from prmloop.store.index import MissingKey
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.topics import TopicSpec, dlq_topic
 
@@ -42,6 +42,7 @@ STEPS = ("2 plus 2 is 4.", "So the sum is 4.", "The final answer is: 4")
 
 
 def _sampled(sid: str, *, steps: Sequence[str] = STEPS, qid: str = "q-add", **fields: Any) -> Envelope:
+    fields.setdefault("problem", QUESTIONS.get(qid, "What is 2+2?"))
     payload = SolutionSampled(
         solution_id=sid,
         question_id=qid,
@@ -57,12 +58,6 @@ def _sampled(sid: str, *, steps: Sequence[str] = STEPS, qid: str = "q-add", **fi
 
 def _consumed(event: Envelope, offset: int = 0) -> ConsumedEvent:
     return ConsumedEvent(event, "solutions.sampled", 0, offset, 0)
-
-
-def _question(qid: str) -> str:
-    if qid not in QUESTIONS:
-        raise MissingKey(f"no event for {qid!r}")
-    return QUESTIONS[qid]
 
 
 def _score(handler: StepScorer, *events: Envelope) -> tuple[list[Envelope], list[tuple[ConsumedEvent, str]]]:
@@ -83,9 +78,17 @@ def test_step_uncertainty_from_the_solutions_own_logprobs_by_hand() -> None:
     event = _sampled("s-hand", token_logprobs=logprobs, step_token_offsets=(1, 3, 5))
     handler = StepScorer(lambda _: None)
     [out], rejected = _score(handler, event)
-    assert rejected == [] and handler.scored_from_logprobs == 1 and handler.teacher_forced == 0
+    assert rejected == [] and handler.counters()["scored_from_logprobs"] == 1
+    assert handler.counters()["teacher_forced"] == 0
     scored = out.payload
     assert isinstance(scored, StepsScored)
+    # The event carries the solution as the annotator needs it, and how u was computed.
+    assert (scored.problem, scored.steps, scored.temperature, scored.source) == (
+        QUESTIONS["q-add"],
+        STEPS,
+        1.0,
+        "sampled",
+    )
     u = (_entropy(3 / 4), _entropy(7 / 8), math.log(2))  # 0.5623, 0.3768, 0.6931
     assert scored.step_uncertainty == pytest.approx(u, abs=1e-9)
     assert scored.uncertainty_delta == pytest.approx((u[0], u[1] - u[0], u[2] - u[1]), abs=1e-9)
@@ -95,19 +98,22 @@ def test_step_uncertainty_from_the_solutions_own_logprobs_by_hand() -> None:
     assert out.correlation_id == "s-hand" and out.topic == "steps.scored"
 
 
-def test_rejections_name_the_reason() -> None:
+def test_rejections_name_the_reason_and_unscorable_solutions_pass_with_unknown_uncertainty() -> None:
     logprobs: dict[str, Any] = {"token_logprobs": (-1.0,), "step_token_offsets": (0,)}
-    [_, rejected] = _score(StepScorer(lambda _: None), _sampled("s-empty", steps=(), **logprobs), _sampled("s-bare"))
-    assert [r.split(" ", 1)[0] for _, r in rejected] == ["s-empty", "s-bare"]
-    assert "no steps" in rejected[0][1]
-    assert "carries no token log-probs" in rejected[1][1] and "`--model`" in rejected[1][1]
+    handler = StepScorer(lambda _: None)
+    published, rejected = _score(handler, _sampled("s-empty", steps=(), **logprobs), _sampled("s-bare"))
+    assert [r.split(" ", 1)[0] for _, r in rejected] == ["s-empty"] and "no steps" in rejected[0][1]
+    [bare] = published
+    assert isinstance(bare.payload, StepsScored) and bare.payload.source == "none"
+    assert bare.payload.step_uncertainty is None and bare.payload.uncertainty_delta is None
+    assert bare.payload.steps == STEPS and handler.counters()["unknown_uncertainty"] == 1
 
 
-def test_an_unknown_question_is_rejected(tiny_backend: TransformersBackend) -> None:
-    handler = StepScorer(lambda _: None, scorer=tiny_backend, scorer_ref=TINY_REF, question_text=_question)
-    published, [(_, reason)] = _score(handler, _sampled("s-lost", qid="q-unknown"))
+def test_teacher_forcing_without_the_problem_text_is_rejected(tiny_backend: TransformersBackend) -> None:
+    handler = StepScorer(lambda _: None, scorer=tiny_backend, scorer_ref=TINY_REF)
+    published, [(_, reason)] = _score(handler, _sampled("s-lost", problem=None))
     assert published == [] and handler.rejected == 1
-    assert "'q-unknown'" in reason and "publish QuestionRegistered" in reason
+    assert "no problem text" in reason and "re-publish" in reason
 
 
 class GenericScorer:
@@ -144,11 +150,9 @@ def test_teacher_forcing_fast_and_generic_paths_agree(tiny_backend: Transformers
         ("generic", GenericScorer(tiny_backend), 1.0),
         ("T5", tiny_backend, 5.0),
     ]:
-        handler = StepScorer(
-            lambda _: None, scorer=scorer, scorer_ref=TINY_REF, question_text=_question, temperature=temperature
-        )
+        handler = StepScorer(lambda _: None, scorer=scorer, scorer_ref=TINY_REF, temperature=temperature)
         [out], rejected = _score(handler, event)
-        assert rejected == [] and handler.teacher_forced == 1 and isinstance(out.payload, StepsScored)
+        assert rejected == [] and handler.counters()["teacher_forced"] == 1 and isinstance(out.payload, StepsScored)
         runs[name] = out
     payloads = {k: v.payload for k, v in runs.items()}
     fast, generic = payloads["fast"], payloads["generic"]
@@ -204,13 +208,17 @@ def test_the_scorer_service_scores_both_kinds_from_a_real_broker(
         for e in (with_lp, without):
             producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
     deadline = time.monotonic() + 120
+    settings = ScorerSettings(
+        backend=tiny_backend_config.backend,
+        model=tiny_backend_config.model,
+        group=f"scorer-{run}",
+        topic=topic,
+        until_idle=3.0,
+    )
     counters = run_scorer(
+        settings,
         bootstrap_servers=kafka_bootstrap,
-        backend=tiny_backend_config,
-        group_id=f"scorer-{run}",
-        topics=[topic],
         until=lambda: time.monotonic() > deadline,
-        until_idle_s=3.0,
         install_signal_handlers=False,
     )
     assert counters["scored_from_logprobs"] == 1 and counters["teacher_forced"] == 1

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import math
 
-from prmloop.consumers.annotator import Annotator
 from prmloop.models.annotation.completer import GeneratorCompleter, Rollout, math_equivalent
 from prmloop.models.annotation.estimate import Sampling
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch, SolutionToLabel, annotate
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.prompts import format_steps, solution_prompt
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionSampled, make_event
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 STEPS = ("Tom starts with 3 apples.", "He buys 4 more, so 3 + 4 = 8.")
@@ -52,46 +49,3 @@ def test_a_random_model_never_reaches_the_answer_and_the_ledger_says_why(tiny_ba
     assert (s0.step_index, s0.rollouts, s0.correct_rollouts) == (-1, 4, 0)  # grew from 2 to N_max = 4
     assert result.cost.rollouts == 4 and result.cost.generated_tokens > 0
     assert sum(result.cost.failures.values()) == result.cost.rollouts  # all cut by length or unparseable
-
-
-class FailingCompleter:
-    name = "broken"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def complete(self, question: str, steps: tuple[str, ...], n: int) -> list[Rollout]:
-        self.calls += 1
-        raise RuntimeError("engine down")
-
-
-def test_a_solution_that_keeps_aborting_is_dead_lettered_on_the_third_try() -> None:
-    payload = SolutionSampled(
-        solution_id="s-1",
-        question_id="q-1",
-        generator=ModelRef(backend="test", name="test"),
-        sampling=SamplingSpec(),
-        prompt_format="step_k",
-        text="\n".join(STEPS),
-        steps=STEPS,
-        final_answer="8",
-        correct=False,
-        gold_answer="7",
-    )
-    batch = [ConsumedEvent(make_event(payload, producer="test"), "solutions.sampled", 0, 0, 0)]
-    published: list[list[Envelope]] = []
-    completer = FailingCompleter()
-    handler = Annotator(
-        AdaptiveBinarySearch(), [completer], [ModelRef(backend="test", name="broken")], published.append
-    )
-    for attempt in range(2):
-        try:
-            handler(batch)
-        except RuntimeError as error:  # the runtime retries the batch with backoff
-            assert "aborted" in str(error) and "engine down" in str(error)
-        else:
-            raise AssertionError(f"attempt {attempt} should have failed the batch")
-    rejected = list(handler(batch))
-    assert len(rejected) == 1 and "given up" in rejected[0][1]
-    assert published == [] and completer.calls == 9  # 3 attempts of the first state, 3 batch tries
-    assert handler.stats.as_dict()["aborted"] == 3

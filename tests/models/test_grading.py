@@ -11,14 +11,8 @@ from typing import Any
 
 import pytest
 
-from prmloop.models.grading import (
-    GradeOutcome,
-    answers_equivalent,
-    extract_answer,
-    grade,
-    group_equivalent_answers,
-    normalize_answer,
-)
+from prmloop.models.answers import extract_answer, normalize_answer
+from prmloop.models.grading import GradeOutcome, answers_equivalent, grade, group_equivalent_answers
 
 # An exponent tower math-verify cannot evaluate in any reasonable time.
 SLOW_ANSWER = "2^{2^{2^{30}}}"

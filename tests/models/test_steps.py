@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from prmloop.models.answers import extract_answer
 from prmloop.models.backends.base import Completion
-from prmloop.models.grading import extract_answer, grade
+from prmloop.models.grading import grade
 from prmloop.models.prompts import (
     EPICPRM_EXAMPLES,
     EPICPRM_RESPONSE_PREFIX,

@@ -14,7 +14,6 @@ from prmloop.models.uncertainty import (
     perplexity,
     rank_steps_by_delta,
     sequence_entropy,
-    solution_uncertainty,
     split_by_offsets,
     step_uncertainty,
     uncertainty_deltas,
@@ -109,14 +108,3 @@ def test_answer_dispersion_groups_equivalent_answers_and_skips_missing_ones() ->
     # 0.5 == 1/2 -> clusters {0.5, 1/2}, {3}: H = log 2; None is left out
     assert answer_dispersion(["0.5", r"\frac{1}{2}", "3", "3", None]) == pytest.approx(math.log(2))
     assert answer_dispersion([None, None]) == 0.0
-
-
-def test_solution_uncertainty_record() -> None:
-    record = solution_uncertainty([-1.0, -1.0, -1.0, -1.0], [0, 2], dispersion=0.25)
-    assert record.entropy == pytest.approx(math.log(4))
-    assert record.step_entropy == pytest.approx((math.log(2), math.log(2)))
-    assert record.mean_nll == pytest.approx(1.0)
-    assert record.perplexity == pytest.approx(math.e)
-    assert record.answer_dispersion == 0.25
-    empty = solution_uncertainty([], None)
-    assert empty.mean_nll is None and empty.step_entropy is None

@@ -1,0 +1,57 @@
+"""The ``prmloop`` typer application and what its command groups share."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from prmloop.store.settings import StateSettings
+
+__all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
+
+app = typer.Typer(
+    help="prmloop: event-sourced, active data curation for process reward models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Benchmarks; each prints one JSON line.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+eval_app = typer.Typer(help="Evaluations on the shared data sets.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+err = Console(stderr=True)
+
+DbOption = Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: $PRMLOOP_HOME/prmloop.duckdb)")]
+
+
+def db_path(db: Path | None) -> Path:
+    return db or StateSettings().db_path
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # kafka-python logs every reconnect attempt at ERROR; the runtime reports what matters.
+    logging.getLogger("kafka").setLevel(logging.CRITICAL if not verbose else logging.WARNING)
+
+
+@app.callback()
+def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress")] = False) -> None:
+    _setup_logging(verbose)
+
+
+def stop_on_signals() -> threading.Event:
+    """SIGTERM/SIGINT during start-up ask for a clean stop too (the runtime takes over once running)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    return stop

@@ -1,0 +1,79 @@
+"""``prmloop bench ...``: each benchmark prints one JSON line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from prmloop.flows.cli.app import bench_app
+
+
+@bench_app.command("sink")
+def bench_sink_cmd(
+    n: Annotated[int, typer.Option("--n", help="events to publish")] = 100_000,
+    quick: Annotated[bool, typer.Option(help="10k events")] = False,
+    rate: Annotated[int, typer.Option(help="events/s for the latency phase")] = 1000,
+    latency_seconds: Annotated[float, typer.Option(help="length of the latency phase")] = 10.0,
+) -> None:
+    """Raw kafka-python consume rate vs sink rate into DuckDB, and publish-to-queryable latency."""
+    from prmloop.flows.bench.sink import bench_sink
+
+    result = bench_sink(n=10_000 if quick else n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
+    typer.echo(json.dumps(result))
+
+
+@bench_app.command("generate")
+def bench_generate_cmd(
+    quick: Annotated[bool, typer.Option(help="4 prompts x 32 tokens, one repeat")] = False,
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice)")] = None,
+    seed: int = 0,
+) -> None:
+    """Tokens/s of the backend wrapper vs the raw engine call, and batched vs one-at-a-time rollouts."""
+    from prmloop.flows.bench.generate import bench_generate
+
+    typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
+
+
+@bench_app.command("annotate")
+def bench_annotate_cmd(
+    n_solutions: Annotated[int, typer.Option(help="simulated incorrect solutions")] = 800,
+    quick: Annotated[bool, typer.Option(help="100 solutions")] = False,
+    correlation: Annotated[float, typer.Option(help="how strongly step uncertainty marks the first error")] = 0.7,
+    seed: int = 0,
+) -> None:
+    """Every annotation strategy on the same simulated solutions: accuracy and cost."""
+    from prmloop.flows.bench.annotate import bench_annotate
+
+    typer.echo(json.dumps(bench_annotate(n_solutions=n_solutions, quick=quick, correlation=correlation, seed=seed)))
+
+
+@bench_app.command("annotator")
+def bench_annotator_cmd(
+    n_solutions: Annotated[int, typer.Option("--solutions", help="simulated incorrect solutions")] = 48,
+    latency: Annotated[float, typer.Option(help="simulated engine seconds per batched rollout call")] = 0.05,
+    seed: int = 0,
+) -> None:
+    """Annotator service throughput: 1 process, 2 processes in one group, 1 process with 4 in flight."""
+    from prmloop.flows.bench.annotator import bench_annotator
+
+    typer.echo(json.dumps(bench_annotator(n_solutions=n_solutions, latency_s=latency, seed=seed)))
+
+
+@bench_app.command("aggregate")
+def bench_aggregate_cmd(
+    pool: Annotated[Path | None, typer.Option(help="Best-of-N pool (default: the GSM8K pool)")] = None,
+    scores: Annotated[Path | None, typer.Option(help="step scores file (default: beside the pool)")] = None,
+    prm: str = "qwen_prm",
+    score_rule: Annotated[str, typer.Option(help="min, product or last")] = "min",
+    repeats: int = 5,
+) -> None:
+    """All aggregation methods on a 500 x 32 pool: vectorized vs a per-question Python loop."""
+    from prmloop.flows.bench.aggregate import bench_aggregate
+
+    result = bench_aggregate(pool, scores, prm=prm, score_rule=score_rule, repeats=repeats)
+    result.pop("per_method", None)
+    typer.echo(json.dumps(result))

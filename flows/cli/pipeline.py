@@ -1,0 +1,154 @@
+"""Commands of the pipeline: sample, score, annotate (options from their settings objects), simulate,
+import, serve and the demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from prmloop.consumers.annotator import AnnotatorSettings
+from prmloop.consumers.scorer import ScorerSettings
+from prmloop.flows.cli.app import DbOption, app, err, stop_on_signals
+from prmloop.flows.cli.options import settings_command
+from prmloop.models.simulator import SimulatorOptions
+from prmloop.producers.sampler import SampleSettings
+from prmloop.store.broker import require_bootstrap_servers
+from prmloop.store.settings import StateSettings
+
+
+@settings_command(app, SampleSettings, name="sample")
+def sample(settings: SampleSettings) -> None:
+    """Sample solutions, grade them, score their uncertainty, select, and publish `solutions.sampled`.
+
+    Runs as the Prefect flow `sample` (PRMLOOP_SAMPLE_PREFECT=0 or --no-prefect: plain functions).
+    """
+    from prmloop.flows.sample import run_sample
+
+    if (settings.dataset is None) == (settings.file is None):
+        raise typer.BadParameter("give exactly one of --dataset and --file")
+    summary = run_sample(settings, progress=err.is_terminal, prefect=settings.prefect)
+    for message in summary.get("question_errors", []):
+        err.print(f"skipped: {message}", markup=False, highlight=False)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
+
+
+@settings_command(app, ScorerSettings, name="score")
+def score(settings: ScorerSettings) -> None:
+    """Score each sampled solution's steps: u(s_t), Δu and step order (`steps.scored`, UnPRM Alg. 1)."""
+    from prmloop.consumers.scorer import run_scorer
+    from prmloop.store.kafka import ensure_topics
+
+    stop = stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    source = "the simulator" if settings.simulator else (settings.model or "sampled log-probs only")
+    err.print(f"scorer: {source} on {servers}, group {settings.group}", soft_wrap=True)
+    typer.echo(json.dumps(run_scorer(settings, bootstrap_servers=servers, until=stop.is_set)))
+
+
+@settings_command(app, AnnotatorSettings, name="annotate")
+def annotate(settings: AnnotatorSettings) -> None:
+    """Label the first wrong step of scored solutions with MC rollouts and publish `steps.labeled`."""
+    from prmloop.consumers.annotator import build_annotator, run_annotator
+    from prmloop.store.kafka import ensure_topics
+
+    components = build_annotator(settings)
+    stop = stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    err.print(
+        f"annotator: {settings.strategy} with {components[2][0].name} on {servers}, group {settings.group}",
+        soft_wrap=True,
+    )
+    summary = run_annotator(
+        settings,
+        bootstrap_servers=servers,
+        outbox_dir=StateSettings().outbox_dir,
+        until=stop.is_set,
+        components=components,
+    )
+    typer.echo(json.dumps(summary))
+
+
+@settings_command(app, SimulatorOptions, name="simulate")
+def simulate(settings: SimulatorOptions) -> None:
+    """Publish simulated incorrect solutions (questions and solutions) for `score --simulator` and
+    `annotate --completer simulator` with the same --sim-n/--sim-seed/--correlation."""
+    from prmloop.producers.simulated import simulated_events
+    from prmloop.store.kafka import EventProducer, ensure_topics
+
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    _, world = settings.world()
+    events = simulated_events(world, settings.sim_seed)
+    with EventProducer(servers) as producer:
+        producer.publish(events)
+    typer.echo(json.dumps({"solutions": len(world), "events": len(events), "seed": settings.sim_seed}))
+
+
+@app.command("import")
+def import_cmd(
+    source: Annotated[str, typer.Argument(help="what to import: processbench")],
+    file: Annotated[Path, typer.Argument(help="the file, e.g. ../shared/data/processbench/gsm8k.json")],
+    limit: Annotated[int | None, typer.Option(help="only the first N solutions")] = None,
+) -> None:
+    """Publish solutions sampled elsewhere (ProcessBench) as questions and `solutions.sampled` events."""
+    from prmloop.models.processbench import load_processbench, processbench_subset
+    from prmloop.producers.processbench import processbench_events
+    from prmloop.store.kafka import EventProducer, ensure_topics
+
+    if source != "processbench":
+        raise typer.BadParameter(f"cannot import {source!r}; supported: processbench")
+    subset = processbench_subset(file)
+    items, errors = load_processbench(file, subset=subset)
+    items = items[:limit]
+    for message in errors:
+        err.print(f"skipped: {message}", markup=False, highlight=False)
+    events = processbench_events(items, subset, source=file)
+    solutions = sum(1 for e in events if e.event_type == "SolutionSampled")
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    with EventProducer(servers) as producer:
+        producer.publish(events)
+    typer.echo(
+        json.dumps(
+            {
+                "solutions": solutions,
+                "skipped_without_gold": len(items) - solutions,
+                "invalid_items": len(errors),
+                "events": len(events),
+            }
+        )
+    )
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
+    host: str = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="0 picks a free port")] = 8000,
+    device: str = "cpu",
+    num_threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Serve a model over an OpenAI-compatible /v1/completions API (with log-probs) for CPU nodes."""
+    from prmloop.models.serve import serve as run_server
+
+    err.print(f"serving {model} on http://{host}:{port}/v1 (Ctrl-C stops)")
+    run_server(model, host=host, port=port, device=device, num_threads=num_threads)
+
+
+@app.command()
+def demo(
+    questions: Annotated[int, typer.Option(help="GSM8K questions to sample with SmolLM2")] = 3,
+    k: Annotated[int, typer.Option("-k", help="solutions per question")] = 4,
+    synthetic: Annotated[int, typer.Option(help="synthetic label events to publish as well")] = 5_000,
+    annotate: Annotated[int, typer.Option(help="incorrect solutions to label with SmolLM2 rollouts")] = 1,
+    db: DbOption = None,
+) -> None:
+    """The main job on embedded defaults: broker, sink, sample (Prefect flow), score, annotate, store, query."""
+    from prmloop.flows.demo import run_demo
+
+    run_demo(n_events=synthetic, db_path=db, questions=questions, k=k, annotate=annotate)

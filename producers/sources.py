@@ -1,0 +1,164 @@
+"""Question sources: a shared data set or a JSONL file, read into :class:`~prmloop.models.questions.Question`.
+
+Every source returns the questions it could read and one message per input it could not, so a bad
+line never costs the good ones. A question file is read line by line as bytes: a line that is not
+UTF-8, not JSON, nested too deeply, too long, or whose fields have the wrong types (``"id": true`` is
+not an id) is reported as ``<file>:<line>: <what>; line skipped``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+
+from prmloop.models.questions import Question, load_questions
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_PROBLEM_CHARS",
+    "QuestionFileError",
+    "QuestionLine",
+    "load_source",
+    "read_question_file",
+]
+
+#: A question line longer than this is refused (a real problem statement is a few kB).
+MAX_LINE_BYTES = 256 * 1024
+#: A problem text longer than this is refused: it would not fit a model's context anyway.
+MAX_PROBLEM_CHARS = 32_000
+
+
+class QuestionFileError(ValueError):
+    """A question source that does not exist, or none of whose inputs could be used."""
+
+
+class QuestionLine(BaseModel):
+    """One line of a question file, validated strictly (no ``bool("false")``, no ``str(True)``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    id: StrictStr | StrictInt
+    problem: StrictStr = Field(min_length=1, max_length=MAX_PROBLEM_CHARS)
+    gold_answer: StrictStr | StrictInt | StrictFloat
+    dataset: StrictStr | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QuestionLine:
+        """Accept the common aliases: ``question`` for ``problem``, ``answer`` for ``gold_answer``."""
+        data = dict(row)
+        if "problem" not in data and "question" in data:
+            data["problem"] = data["question"]
+        if "gold_answer" not in data and "answer" in data:
+            data["gold_answer"] = data["answer"]
+        return cls.model_validate(data)
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "line"
+    return f"{where}: {first['msg']}"
+
+
+def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[Question], list[str]]:
+    """Questions of a JSONL file and one error message per line that could not be used.
+
+    Each line is an object with ``id``, ``problem`` (or ``question``) and ``gold_answer`` (or
+    ``answer``; GSM8K's ``#### 18`` form is accepted and graded by its final answer), and optionally
+    ``dataset`` and ``metadata``. A repeated ``id`` keeps the first.
+
+    Raises:
+        QuestionFileError: the file does not exist.
+    """
+    if not path.is_file():
+        raise QuestionFileError(f"question file {path} not found; give a JSONL file with one question per line")
+    questions: list[Question] = []
+    errors: list[str] = []
+    seen: dict[str, int] = {}
+    default_dataset = dataset or f"file:{path.stem}"
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            where = f"{path}:{line_no}"
+            if len(raw) > MAX_LINE_BYTES:
+                errors.append(f"{where}: line of {len(raw)} bytes is longer than {MAX_LINE_BYTES}; line skipped")
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.append(f"{where}: not UTF-8 (byte {exc.start}); re-encode the file as UTF-8; line skipped")
+                continue
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                errors.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); line skipped")
+                continue
+            except RecursionError:
+                errors.append(f"{where}: JSON nested too deeply; line skipped")
+                continue
+            if not isinstance(row, dict):
+                errors.append(f"{where}: expected a JSON object, got {type(row).__name__}; line skipped")
+                continue
+            try:
+                parsed = QuestionLine.from_row(row)
+            except ValidationError as exc:
+                errors.append(f"{where}: {_first_error(exc)}; line skipped")
+                continue
+            except RecursionError:
+                errors.append(f"{where}: metadata nested too deeply; line skipped")
+                continue
+            qid = str(parsed.id).strip()
+            if not qid:
+                errors.append(f"{where}: empty 'id'; line skipped")
+                continue
+            if not str(parsed.gold_answer).strip():
+                errors.append(
+                    f"{where}: question {qid!r} has an empty gold answer; solutions cannot be graded; line skipped"
+                )
+                continue
+            if qid in seen:
+                errors.append(f"{where}: duplicate id {qid!r} (first on line {seen[qid]}); line skipped")
+                continue
+            seen[qid] = line_no
+            questions.append(
+                Question(
+                    id=qid,
+                    dataset=parsed.dataset or default_dataset,
+                    problem=parsed.problem,
+                    gold_answer=str(parsed.gold_answer),
+                    metadata={**parsed.metadata, "source": where},
+                )
+            )
+    return questions, errors
+
+
+def load_source(
+    *, dataset: str | None = None, file: Path | None = None, limit: int | None = None, split: str | None = None
+) -> tuple[list[Question], list[str]]:
+    """The questions of exactly one source (a data set name or a JSONL file) and the per-input errors.
+
+    Questions without a gold answer are left out and reported (their solutions cannot be graded).
+
+    Raises:
+        QuestionFileError: no source, two sources, a missing file, or no usable question at all.
+    """
+    if (dataset is None) == (file is None):
+        raise QuestionFileError("give exactly one question source: --dataset (e.g. gsm8k) or --file (a JSONL path)")
+    errors: list[str] = []
+    if file is not None:
+        questions, errors = read_question_file(Path(file))
+        questions = questions[:limit] if limit is not None else questions
+    else:
+        assert dataset is not None
+        options = {"split": split} if split else {}
+        questions = load_questions(dataset, limit=limit, **options)
+    usable = [q for q in questions if q.gold_answer]
+    errors.extend(f"{q.id}: no gold answer; skipped" for q in questions if not q.gold_answer)
+    if not usable:
+        first = f"; {len(errors)} problems, first: {errors[0]}" if errors else ""
+        raise QuestionFileError(f"no usable questions{first}")
+    return usable, errors

@@ -1,0 +1,72 @@
+"""Question sources: bad lines of a question file are reported by line and cost nothing else."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from prmloop.producers.sources import MAX_LINE_BYTES, QuestionFileError, load_source, read_question_file
+
+
+def write_lines(path: Path, lines: Sequence[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_question_file_reports_bad_lines_and_keeps_the_good_ones(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "q.jsonl",
+        [
+            json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}),
+            "{not json",
+            json.dumps({"id": "b", "problem": "2+2?"}),
+            json.dumps({"id": "a", "problem": "again", "answer": "3"}),
+            "",
+            json.dumps({"problem": "no id", "answer": "1"}),
+            json.dumps({"id": "c", "question": "3+3?", "gold_answer": 6}),
+        ],
+    )
+    questions, errors = read_question_file(path)
+    assert [q.id for q in questions] == ["a", "c"]
+    assert questions[1].gold_answer == "6" and questions[1].problem == "3+3?"
+    assert [e.split(": ", 1)[0] for e in errors] == [f"{path}:{n}" for n in (2, 3, 4, 6)]
+    assert "not valid JSON" in errors[0]
+    assert "gold_answer" in errors[1] and "Field required" in errors[1]
+    assert "duplicate id 'a' (first on line 1)" in errors[2]
+    assert "id: Field required" in errors[3]
+
+
+def test_hostile_lines_are_reported_one_by_one_and_valid_lines_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "hostile.jsonl"
+    good = json.dumps({"id": "ok", "problem": "1+1?", "answer": "2"}).encode()
+    lines = [
+        good,
+        b'{"id": "latin1", "problem": "caf\xe9", "answer": "1"}',  # not UTF-8
+        b"[" * 100_000 + b"]" * 100_000,  # nesting far beyond the parser's recursion limit
+        json.dumps({"id": True, "problem": "bool id", "answer": "1"}).encode(),  # not an id
+        json.dumps({"id": "big", "problem": "x" * (MAX_LINE_BYTES + 10), "answer": "1"}).encode(),
+        json.dumps({"id": "s", "problem": "steps", "answer": False}).encode(),  # not an answer
+        json.dumps({"id": "n", "problem": None, "answer": "1"}).encode(),
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    questions, errors = read_question_file(path)
+    assert [q.id for q in questions] == ["ok"]
+    assert [e.split(": ", 1)[0] for e in errors] == [f"{path}:{n}" for n in range(2, 8)]
+    assert "not UTF-8" in errors[0]
+    assert "nested too deeply" in errors[1] or "not valid JSON" in errors[1]
+    assert errors[2].startswith(f"{path}:4: id")
+    assert "longer than" in errors[3]
+    assert "gold_answer" in errors[4] and "problem" in errors[5]
+
+
+def test_a_source_needs_exactly_one_of_dataset_and_file(tmp_path: Path) -> None:
+    with pytest.raises(QuestionFileError, match="exactly one"):
+        load_source()
+    with pytest.raises(QuestionFileError, match="not found"):
+        load_source(file=tmp_path / "missing.jsonl")
+    empty = write_lines(tmp_path / "empty.jsonl", ["{not json"])
+    with pytest.raises(QuestionFileError, match="no usable questions; 1 problems"):
+        load_source(file=empty)
