@@ -95,6 +95,7 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
     )
     sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
+    seed: int = Field(default=0, description="rollout seed: the same state and draw give the same rollouts")
 
     @field_validator("strategy")
     @classmethod
@@ -143,7 +144,11 @@ def build_annotator(
     engine = build_backend(settings.backend_config())
     sampling = SamplingParams(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
     generator_completer = GeneratorCompleter(
-        engine, style=settings.prompt_format, params=sampling, lock=settings.backend == "transformers"
+        engine,
+        style=settings.prompt_format,
+        params=sampling,
+        seed=settings.seed,
+        lock=settings.backend == "transformers",
     )
     return (
         strategy,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from prmloop.flows.cli.app import err, eval_app
+from prmloop.flows.cli.options import settings_command
+from prmloop.flows.evals.annotate import SERVICE_ONLY_ALL, EvalAnnotateSettings
 
 
 @eval_app.command("aggregate")
@@ -52,38 +54,13 @@ def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
         err.print(f"{name}: {path}")
 
 
-@eval_app.command("annotate")
-def eval_annotate_cmd(  # noqa: PLR0917 - one parameter per command-line option
-    file: Annotated[Path | None, typer.Option(help="ProcessBench file (default: processbench/gsm8k.json)")] = None,
-    limit: Annotated[int, typer.Option(help="solutions with a wrong final answer to label")] = 5,
-    strategy: Annotated[str, typer.Option(help="sequential, binary, adaptive_binary or uncertainty_driven")] = (
-        "adaptive_binary"
-    ),
-    n0: Annotated[int, typer.Option(help="first rollouts per state (fixed count for sequential/binary)")] = 8,
-    n_min: Annotated[int, typer.Option(help="grow until this many correct rollouts")] = 4,
-    n_max: Annotated[int, typer.Option(help="at most this many rollouts per state")] = 16,
-    model: Annotated[str, typer.Option(help="'smollm2' (embedded), a folder, or a served model name")] = "smollm2",
-    backend: Annotated[str, typer.Option(help="transformers, vllm or openai")] = "transformers",
-    threads: Annotated[int | None, typer.Option(help="transformers: torch CPU threads")] = None,
-    max_new_tokens: int = 256,
-    temperature: float = 0.7,
-    seed: int = 0,
-) -> None:
+@settings_command(eval_app, EvalAnnotateSettings, name="annotate", exclude=SERVICE_ONLY_ALL)
+def eval_annotate(settings: EvalAnnotateSettings) -> None:
     """Label ProcessBench solutions with a real completer; agreement with the human first-error labels."""
     from prmloop.flows.evals.annotate import evaluate_processbench
 
-    options: dict[str, Any] = {"num_threads": threads} if threads is not None else {}
     summary = evaluate_processbench(
-        file,
-        limit=limit,
-        strategy=strategy,
-        n0=n0,
-        n_min=n_min,
-        n_max=max(n_max, n0),
-        backend={"backend": backend, "model": model, "options": options},
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
+        settings,
         progress=lambda row: err.print(
             f"{row['id']}: human {row['human_first_error']}, predicted {row['predicted_first_error']} "
             f"({row['status']}), {row['rollouts']} rollouts, {row['wall_s']}s",

@@ -5,7 +5,8 @@ its final answer is correct and the 0-based index of the first wrong step as jud
 (-1: no wrong step). The gold answers are not in the file; they are looked up by problem text in
 GSM8K test (``gsm8k`` subset) or MATH test (``math`` subset).
 
-The annotation runs the same pieces as the annotator service: a :class:`GeneratorCompleter` over the
+The annotation runs the same pieces as the annotator service
+(:func:`~prmloop.consumers.annotator.build_annotator`): a :class:`GeneratorCompleter` over the
 configured backend, the chosen strategy, math-verify as the answer checker and, for
 ``uncertainty_driven``, Δu from teacher-forcing the solution on the same model (what the step scorer
 does for imported data). Solutions with a wrong final answer are the ones an MC annotator labels;
@@ -26,69 +27,70 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from prmloop.consumers.annotator import AnnotatorSettings, build_annotator
 from prmloop.models.processbench import load_processbench
 from prmloop.models.questions import data_dir
 
-__all__ = ["evaluate_processbench"]
+__all__ = ["SERVICE_ONLY_ALL", "EvalAnnotateSettings", "evaluate_processbench"]
+
+
+class EvalAnnotateSettings(AnnotatorSettings):
+    """``prmloop eval annotate``: the annotator's options (smaller sample counts for a CPU) and the file."""
+
+    model_config = SettingsConfigDict(env_prefix="PRMLOOP_EVAL_ANNOTATE_", frozen=True, extra="ignore")
+
+    file: Path | None = Field(default=None, description="ProcessBench file (default: processbench/gsm8k.json)")
+    limit: int = Field(default=5, ge=1, description="solutions with a wrong final answer to label")
+    rollouts: int = Field(default=8, ge=1, description="sequential/binary: rollouts per state (hard MC)")
+    n0: int = Field(default=8, ge=1, description="adaptive sampling: first rollouts of a state (N0)")
+    n_min: int = Field(default=4, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
+    n_max: int = Field(default=16, ge=1, description="adaptive sampling: at most this many rollouts (N_max)")
+    max_new_tokens: int = Field(default=256, ge=1, description="rollout budget; longer rollouts count as wrong")
+
+
+#: Service options that mean nothing for a one-off evaluation (no topic, no group, no simulator).
+SERVICE_ONLY = ("completer", "group", "topic", "until_idle", "max_solutions", "in_flight", "sim_latency")
+SERVICE_ONLY_ALL = (*SERVICE_ONLY, "sim_n", "sim_seed", "correlation")
 
 
 def evaluate_processbench(
-    path: Path | None = None,
-    *,
-    limit: int = 5,
-    strategy: str = "adaptive_binary",
-    n0: int = 8,
-    n_min: int = 4,
-    n_max: int = 16,
-    backend: dict[str, Any] | None = None,
-    max_new_tokens: int = 256,
-    temperature: float = 0.7,
-    seed: int = 0,
-    progress: Callable[[dict[str, Any]], None] | None = None,
+    settings: EvalAnnotateSettings, *, progress: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
-    """Annotate the first ``limit`` ProcessBench solutions with a wrong final answer and a human label.
+    """Annotate the first ``settings.limit`` ProcessBench solutions with a wrong final answer and a human
+    label, with the annotator's own strategy and completer (:func:`~prmloop.consumers.annotator.build_annotator`).
 
     Returns the agreement and cost summary plus one row per solution (``per_solution``).
     """
-    from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
-    from prmloop.models.annotation.estimate import Sampling
-    from prmloop.models.annotation.strategies import SolutionToLabel, annotate, make_strategy
-    from prmloop.models.backends.base import SamplingParams
-    from prmloop.models.backends.registry import BackendConfig, build_backend
+    from prmloop.models.annotation.completer import GeneratorCompleter
+    from prmloop.models.annotation.strategies import SolutionToLabel, annotate
     from prmloop.models.prompts import solution_prompt
     from prmloop.models.scoring import teacher_forced_logprobs
     from prmloop.models.uncertainty import step_uncertainty, uncertainty_deltas
 
-    path = path or data_dir() / "processbench" / "gsm8k.json"
+    path = settings.file or data_dir() / "processbench" / "gsm8k.json"
     items, _ = load_processbench(path)
     usable = [i for i in items if i.gold_answer is not None]
-    chosen = [i for i in usable if not i.final_answer_correct and i.label >= 0][:limit]
+    chosen = [i for i in usable if not i.final_answer_correct and i.label >= 0][: settings.limit]
     if not chosen:
         raise ValueError(f"{path}: no solution with a wrong final answer, a human label and a known gold answer")
-    params: dict[str, Any] = (
-        {"n": n0}
-        if strategy in ("sequential", "binary")
-        else {"sampling": Sampling(n0=n0, n_min_correct=n_min, n_max=n_max)}
-    )
-    chosen_strategy = make_strategy(strategy, **params)
-    engine = build_backend(BackendConfig.model_validate(backend or {}))
-    completer = GeneratorCompleter(
-        engine, style="step_k", params=SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens), seed=seed
-    )
+    strategy, completers, _refs, checker = build_annotator(settings.model_copy(update={"completer": "model"}))
+    [completer] = completers
+    assert isinstance(completer, GeneratorCompleter)
+    engine = completer.generator
+    style = settings.prompt_format
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     for item in chosen:
         deltas = None
-        if strategy == "uncertainty_driven":
-            logprobs, offsets = teacher_forced_logprobs(
-                engine,
-                solution_prompt(engine, item.problem, "step_k"),
-                item.steps,
-                "step_k",
-            )
+        if settings.strategy == "uncertainty_driven":
+            prompt = solution_prompt(engine, item.problem, style)
+            logprobs, offsets = teacher_forced_logprobs(engine, prompt, item.steps, style)
             deltas = uncertainty_deltas(step_uncertainty(logprobs, offsets))
         solution = SolutionToLabel(item.problem, item.steps, item.gold_answer or "", False, deltas)
-        result = annotate(solution, chosen_strategy, [completer], checker=math_equivalent)
+        result = annotate(solution, strategy, [completer], checker=checker)
         human = tuple(t < item.label for t in range(len(item.steps)))
         row = {
             "id": item.key,
@@ -114,8 +116,14 @@ def evaluate_processbench(
     return {
         "file": str(path),
         "model": engine.model_name,
-        "strategy": strategy,
-        "sampling": {"n0": n0, "n_min": n_min, "n_max": n_max, "max_new_tokens": max_new_tokens},
+        "strategy": settings.strategy,
+        "sampling": {
+            "n0": settings.n0,
+            "n_min": settings.n_min,
+            "n_max": settings.n_max,
+            "rollouts": settings.rollouts,
+            "max_new_tokens": settings.max_new_tokens,
+        },
         "solutions": len(rows),
         "labelled": len(labelled),
         "unresolved": sum(r["status"] == "unresolved" for r in rows),
