@@ -7,23 +7,24 @@ consensus decision. Content is random but deterministic in ``seed``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+from prmloop.consumers.annotator import labeled_event
+from prmloop.consumers.scorer import scored_event
+from prmloop.models.annotation.estimate import CostTally, StateEstimate
+from prmloop.models.annotation.strategies import Annotation
+from prmloop.models.questions import Question
+from prmloop.producers.events import question_registered, solution_sampled
 from prmloop.store.events import (
-    CostLedger,
     Envelope,
     LabelsAccepted,
-    MCEstimate,
     ModelRef,
-    QuestionRegistered,
     SamplingSpec,
     SolutionSampled,
     SolutionUncertainty,
-    StepsLabeled,
     StepsScored,
     deterministic_event_id,
     make_event,
@@ -31,16 +32,21 @@ from prmloop.store.events import (
 
 PRODUCER = "prmloop-synthetic/0.1.0"
 GENERATOR = ModelRef(backend="transformers", name="SmolLM2-135M-Instruct")
+LABEL_PARAMETERS = {"alpha": 0.5, "n0": 16, "n_min": 10, "n_max": 72}
+
+
+def _at(event: Envelope, when: datetime) -> Envelope:
+    """The event as if it had happened at ``when`` (a stream spread over time, like a real one)."""
+    return event.model_copy(update={"occurred_at": when})
 
 
 def question_events(q: int, k: int, rng: random.Random, t0: datetime, seed: int = 0) -> Iterator[Envelope]:
+    """One question's events, built by the same builders the pipeline uses."""
     qid = f"synthetic-{seed}-{q:06d}"
     gold = str(rng.randint(1, 500))
     when = t0 + timedelta(seconds=q)
-    reg = QuestionRegistered(question_id=qid, dataset="synthetic", problem=f"What is {gold} + 0?", gold_answer=gold)
-    reg_event = make_event(
-        reg, producer=PRODUCER, occurred_at=when, event_id=deterministic_event_id("QuestionRegistered", qid)
-    )
+    question = Question(id=qid, dataset="synthetic", problem=f"What is {gold} + 0?", gold_answer=gold)
+    reg_event = _at(question_registered(question, producer=PRODUCER), when)
     yield reg_event
     for j in range(k):
         sid = f"{qid}-s{j}"
@@ -50,61 +56,45 @@ def question_events(q: int, k: int, rng: random.Random, t0: datetime, seed: int 
         correct = rng.random() < 0.4
         answer = gold if correct else str(int(gold) + rng.randint(1, 9))
         step_u = tuple(round(rng.uniform(0.1, 3.0), 4) for _ in range(n_steps))
-        sol = SolutionSampled(
-            solution_id=sid,
-            question_id=qid,
-            problem=reg.problem,
-            generator=GENERATOR,
-            sampling=SamplingSpec(temperature=0.7, top_p=0.95, max_new_tokens=512, seed=j, n=k),
-            prompt_format="step_k",
-            text="\n".join(steps),
-            steps=steps,
-            step_token_offsets=tuple(40 * i for i in range(n_steps)),
-            token_logprobs=logprobs,
-            final_answer=answer,
-            correct=correct,
-            gold_answer=gold,
-            uncertainty=SolutionUncertainty(
-                entropy=sum(step_u),
-                mean_nll=-sum(logprobs) / len(logprobs),
-                perplexity=math.exp(-sum(logprobs) / len(logprobs)),
+        sol_event = _at(
+            solution_sampled(
+                question,
+                solution_id=sid,
+                generator=GENERATOR,
+                sampling=SamplingSpec(temperature=0.7, top_p=0.95, max_new_tokens=512, seed=j, n=k),
+                prompt_format="step_k",
+                text="\n".join(steps),
+                steps=steps,
+                step_token_offsets=tuple(40 * i for i in range(n_steps)),
+                token_logprobs=logprobs,
+                final_answer=answer,
+                correct=correct,
+                uncertainty=SolutionUncertainty(
+                    entropy=sum(step_u),
+                    mean_nll=-sum(logprobs) / len(logprobs),
+                    perplexity=math.exp(-sum(logprobs) / len(logprobs)),
+                ),
+                completion_tokens=len(logprobs),
+                identity=(qid, j),
+                producer=PRODUCER,
+                causation_id=reg_event.event_id,
             ),
-            completion_tokens=len(logprobs),
-        )
-        sol_event = make_event(
-            sol,
-            producer=PRODUCER,
-            occurred_at=when + timedelta(milliseconds=10 + j),
-            causation_id=reg_event.event_id,
-            event_id=deterministic_event_id("SolutionSampled", qid, j),
+            when + timedelta(milliseconds=10 + j),
         )
         yield sol_event
-        deltas = (step_u[0], *(b - a for a, b in itertools.pairwise(step_u)))
-        yield make_event(
-            StepsScored(
-                solution_id=sid,
-                question_id=qid,
-                scorer=GENERATOR,
-                step_uncertainty=step_u,
-                uncertainty_delta=tuple(round(d, 4) for d in deltas),
-                step_order=tuple(sorted(range(n_steps), key=lambda i: -deltas[i])),
-                temperature=1.0,
-                source="sampled",
-                problem=reg.problem,
-                steps=steps,
-                correct=correct,
-                final_answer=answer,
-                gold_answer=gold,
+        assert isinstance(sol_event.payload, SolutionSampled)
+        scored = _at(
+            scored_event(
+                sol_event.payload, step_u, GENERATOR, temperature=1.0, source="sampled", causation_id=sol_event.event_id
             ),
-            producer=PRODUCER,
-            occurred_at=when + timedelta(milliseconds=50 + j),
-            causation_id=sol_event.event_id,
-            event_id=deterministic_event_id("StepsScored", sid),
+            when + timedelta(milliseconds=50 + j),
         )
+        yield scored
+        assert isinstance(scored.payload, StepsScored)
         first_error = None if correct else rng.randrange(n_steps)
         labels = tuple(first_error is None or i < first_error for i in range(n_steps))
         estimates = tuple(
-            MCEstimate(
+            StateEstimate(
                 step_index=i,
                 value=round(rng.random(), 4),
                 rollouts=16,
@@ -113,30 +103,28 @@ def question_events(q: int, k: int, rng: random.Random, t0: datetime, seed: int 
             )
             for i in range(-1, n_steps, 3)
         )
-        labeled = make_event(
-            StepsLabeled(
-                solution_id=sid,
-                question_id=qid,
-                method="adaptive_binary",
-                parameters={"alpha": 0.5, "n0": 16, "n_min": 10, "n_max": 72},
-                labels=labels,
-                first_error_step=first_error,
-                mc_estimates=estimates,
-                completers=(GENERATOR,),
-                cost=CostLedger(
-                    verified_steps=len(estimates),
-                    rollouts=16 * len(estimates),
-                    generated_tokens=16 * len(estimates) * 120,
-                    wall_time_s=1.5,
-                ),
+        annotation = Annotation(
+            method="adaptive_binary",
+            parameters=LABEL_PARAMETERS,
+            status="labelled",
+            labels=labels,
+            first_error_step=first_error,
+            soft_labels=(),
+            estimates=estimates,
+            cost=CostTally(
+                verified_steps=len(estimates),
+                rollouts=16 * len(estimates),
+                generated_tokens=16 * len(estimates) * 120,
+                wall_time_s=1.5,
             ),
-            producer=PRODUCER,
-            occurred_at=when + timedelta(milliseconds=100 + j),
-            causation_id=sol_event.event_id,
-            event_id=deterministic_event_id("StepsLabeled", sid, "adaptive_binary"),
+        )
+        labeled = _at(
+            labeled_event(scored.payload, annotation, (GENERATOR,), causation_id=scored.event_id),
+            when + timedelta(milliseconds=100 + j),
         )
         yield labeled
         if j % 2 == 0:
+            # No consensus service exists yet to own LabelsAccepted's builder; this is its only maker.
             yield make_event(
                 LabelsAccepted(
                     solution_id=sid,
