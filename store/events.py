@@ -42,6 +42,7 @@ __all__ = [
     "SamplingSpec",
     "SolutionSampled",
     "SolutionUncertainty",
+    "StepJudgment",
     "StepsJudged",
     "StepsLabeled",
     "StepsScored",
@@ -258,16 +259,46 @@ class StepsLabeled(Payload):
         return self
 
 
+class StepJudgment(Record):
+    """The judge's verdict on one step and how sure it was (CoT Entropy paper, Sec. 2.3-5).
+
+    ``has_error`` is the prediction from one low-temperature sample (Eq. 4) and ``p_error`` its
+    normalised decision-token probability (Eq. 5); the uncertainties come from ``samples``
+    high-temperature rationales: CoT Entropy (Eq. 7), its discrete variant, naive entropy, and the
+    split of the predictive entropy into epistemic and aleatoric parts (Eq. 9).
+    """
+
+    step_index: int = Field(ge=0)
+    has_error: bool | None = Field(description="None: the judgment was not valid JSON (never guessed)")
+    p_error: float | None = None
+    cot_entropy: float | None = None
+    cot_entropy_discrete: float | None = None
+    naive_entropy: float | None = None
+    epistemic: float | None = None
+    aleatoric: float | None = None
+    samples: int = Field(default=0, ge=0, description="high-temperature rationales drawn")
+    unparsed: int = Field(default=0, ge=0, description="of those, how many were not valid JSON")
+    rationale_digest: str | None = Field(default=None, description="sha256 of the prediction's rationale")
+
+
 class StepsJudged(Payload):
+    """An LLM judge's verdict on a solution's steps: per step (``stepwise``) or its first wrong
+    paragraph (``critic``, the ProcessBench protocol)."""
+
     event_type: Literal["StepsJudged"] = "StepsJudged"
     TOPIC: ClassVar[str] = "steps.judged"
 
     solution_id: str
     question_id: str
     judge: ModelRef
-    verdicts: tuple[bool | None, ...] = Field(description="per step; None where the judge gave no verdict")
-    first_error_step: int | None = Field(default=None, ge=0)
-    step_entropy: tuple[float, ...] | None = Field(default=None, description="CoT entropy per step")
+    method: str = Field(default="stepwise", description="stepwise (CoT judge per step) or critic (whole solution)")
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    verdicts: tuple[bool | None, ...] = Field(
+        description="per step, as labels are: True = no error found; None = not judged or no valid verdict"
+    )
+    first_error_step: int | None = Field(default=None, ge=0, description="None: the judge found no error")
+    step_entropy: tuple[float | None, ...] | None = Field(default=None, description="CoT entropy per step")
+    judgments: tuple[StepJudgment, ...] = ()
     cost: CostLedger = Field(default_factory=CostLedger)
 
 
