@@ -31,6 +31,7 @@ __all__ = [
     "continuation_prompt",
     "format_steps",
     "render_chat",
+    "render_for",
     "render_plain",
     "response_prefix",
     "solution_messages",
@@ -191,10 +192,12 @@ def solution_prompt(model: object, problem: str, style: StepFormat) -> str:
     tokenizer). The sampling flow, the step scorer and the rollout completer all build prompts here,
     so a rollout continues exactly the text its solution was sampled from.
     """
-    messages = solution_messages(problem, style)
+    return render_for(model, solution_messages(problem, style)) + response_prefix(style)
+
+
+def render_for(model: object, messages: Sequence[Message]) -> str:
+    """``messages`` as ``model`` reads them: its chat template when its tokenizer has one, else plain text."""
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        prompt = render_chat(tokenizer, messages)
-    else:
-        prompt = render_plain(messages)
-    return prompt + response_prefix(style)
+        return render_chat(tokenizer, messages)
+    return render_plain(messages)
