@@ -9,12 +9,13 @@ registers it as the engine ``tiny-random`` so code that builds its backend from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from prmloop.models.backends.base import Completion, SamplingParams, ScoredText
 from prmloop.models.questions import data_dir
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.kafka import ensure_topics
@@ -122,3 +123,34 @@ def shared_data_dir() -> Path:
     if not (root / "MANIFEST.md").is_file():
         pytest.skip(f"shared data folder {root} not found; set PRMLOOP_DATA_DIR to it")
     return root
+
+
+class ScriptedJudge:
+    """Writes fixed judgments (by step, in call order), scores with a real model."""
+
+    def __init__(self, backend: TransformersBackend, script: dict[str, list[str]]) -> None:
+        self.backend = backend
+        self.model_name = "scripted-judge"
+        self.script = script
+        self.scored: list[tuple[str, str]] = []
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
+        assert params is not None
+        [prompt] = prompts
+        step = next(s for s in self.script if f"Next Proposed Step to be Evaluated: {s}" in prompt)
+        texts = self.script[step][:1] if params.temperature < 0.5 else self.script[step][1 : 1 + params.n]
+        return [[Completion(t, (1,) * 3, (-0.5, -0.5, -0.5), "stop", 10) for t in texts]]
+
+    def rollouts(self, prefix: str, n: int, params: SamplingParams | None = None) -> list[Completion]:
+        raise NotImplementedError
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
+        self.scored.extend(pairs)
+        return self.backend.score(pairs)
+
+
+@pytest.fixture(scope="session")
+def scripted_judge() -> type[ScriptedJudge]:
+    """A judge engine that writes fixed judgments (``script``: step text -> texts, the first being the
+    low-temperature prediction) and scores them with a real backend, so Eq. 5 comes from real log-probs."""
+    return ScriptedJudge

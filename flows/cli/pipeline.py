@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from prmloop.consumers.annotator import AnnotatorSettings
+from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
 from prmloop.flows.cli.app import DbOption, app, err, stop_on_signals
 from prmloop.flows.cli.options import settings_command
@@ -70,6 +71,24 @@ def annotate(settings: AnnotatorSettings) -> None:
         until=stop.is_set,
         components=components,
     )
+    typer.echo(json.dumps(summary))
+
+
+@settings_command(app, JudgeSettings, name="judge")
+def judge(settings: JudgeSettings) -> None:
+    """Judge scored solutions with an LLM (CoT judge per step with CoT Entropy, or the ProcessBench
+    critic) and publish `steps.judged`."""
+    from prmloop.consumers.judge import build_judge, run_judge
+    from prmloop.store.kafka import ensure_topics
+
+    components = build_judge(settings)
+    stop = stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    err.print(
+        f"judge: {settings.method} with {components[1].name} on {servers}, group {settings.group}", soft_wrap=True
+    )
+    summary = run_judge(settings, bootstrap_servers=servers, until=stop.is_set, components=components)
     typer.echo(json.dumps(summary))
 
 

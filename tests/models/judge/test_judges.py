@@ -3,11 +3,10 @@ real teacher-forced log-probs), and the raw tiny model whose judgments are unpar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from prmloop.models.backends.base import Completion, SamplingParams, ScoredText
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.judge.judges import Critic, StepwiseJudge
 from prmloop.models.judge.uncertainty import decision_probability
@@ -16,41 +15,19 @@ PROBLEM = "What is 3*4+1?"
 STEPS = ("3*4 = 12.", "12 + 1 = 14.", "The answer is 14.")
 
 
-class ScriptedJudge:
-    """Writes fixed judgments (by step, in call order), scores with a real model."""
-
-    def __init__(self, backend: TransformersBackend, script: dict[str, list[str]]) -> None:
-        self.backend = backend
-        self.model_name = "scripted-judge"
-        self.script = script
-        self.scored: list[tuple[str, str]] = []
-
-    def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
-        assert params is not None
-        [prompt] = prompts
-        step = next(s for s in STEPS if f"Next Proposed Step to be Evaluated: {s}" in prompt)
-        texts = self.script[step][:1] if params.temperature < 0.5 else self.script[step][1 : 1 + params.n]
-        return [[Completion(t, (1,) * 3, (-0.5, -0.5, -0.5), "stop", 10) for t in texts]]
-
-    def rollouts(self, prefix: str, n: int, params: SamplingParams | None = None) -> list[Completion]:
-        raise NotImplementedError
-
-    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
-        self.scored.extend(pairs)
-        return self.backend.score(pairs)
-
-
 FINE = 'Correct arithmetic.", "has_error": "no"}'
 WRONG = '12 + 1 is 13.", "has_error": "yes"}'
 
 
-def test_the_judge_stops_at_the_first_error_with_eq5_from_real_scores(tiny_backend: TransformersBackend) -> None:
+def test_the_judge_stops_at_the_first_error_with_eq5_from_real_scores(
+    tiny_backend: TransformersBackend, scripted_judge: Any
+) -> None:
     script = {
         STEPS[0]: [FINE, FINE, FINE, "not json"],
         STEPS[1]: [WRONG, WRONG, FINE, WRONG],
         STEPS[2]: [FINE] * 4,
     }
-    engine = ScriptedJudge(tiny_backend, script)
+    engine = scripted_judge(tiny_backend, script)
     judgment = StepwiseJudge(engine, samples=3).judge(PROBLEM, STEPS)  # type: ignore[arg-type]
     assert [v.step_index for v in judgment.verdicts] == [0, 1]  # step 2 is never judged
     assert judgment.first_error_step == 1 and judgment.step_labels() == (True, False, None)

@@ -1,0 +1,98 @@
+"""The judge service on a real broker: scored solutions in, StepsJudged out with deterministic ids."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from kafka import KafkaConsumer, TopicPartition
+
+from prmloop.consumers.judge import JudgeSettings, run_judge
+from prmloop.models.backends.transformers_backend import TransformersBackend
+from prmloop.models.judge.judges import StepwiseJudge
+from prmloop.store.codec import decode_event, encode_event
+from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
+from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.topics import TopicSpec, dlq_topic
+
+PROBLEM = "What is 3*4+1?"
+STEPS = ("3*4 = 12.", "12 + 1 = 14.", "The answer is 14.")
+FINE = 'Correct arithmetic.", "has_error": "no"}'
+WRONG = '12 + 1 is 13.", "has_error": "yes"}'
+REF = ModelRef(backend="scripted", name="scripted-judge")
+
+
+def _scored(sid: str, *, problem: str | None = PROBLEM) -> Envelope:
+    payload = StepsScored(
+        solution_id=sid,
+        question_id="q",
+        scorer=REF,
+        step_uncertainty=None,
+        uncertainty_delta=None,
+        step_order=None,
+        problem=problem,
+        steps=STEPS,
+        correct=False,
+        gold_answer="13",
+    )
+    return make_event(payload, producer="test")
+
+
+def _judged(servers: str, ids: set[str]) -> list[Envelope]:
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(StepsJudged.TOPIC, p) for p in consumer.partitions_for_topic(StepsJudged.TOPIC)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        found: list[Envelope] = []
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 1.5:
+            polled = consumer.poll(timeout_ms=200)
+            if any(polled.values()):
+                idle_since = time.monotonic()
+            for records in polled.values():
+                events = (decode_event(r.value) for r in records)
+                found.extend(e for e in events if getattr(e.payload, "solution_id", None) in ids)
+        return found
+    finally:
+        consumer.close()
+
+
+def test_the_judge_service_publishes_one_verdict_per_solution(
+    kafka_bootstrap: str, tiny_backend: TransformersBackend, scripted_judge: Any
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    topic = f"test-judge-{run}"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2), TopicSpec(dlq_topic(topic), 1)])
+    ensure_topics(kafka_bootstrap)
+    ids = {f"j-{run}-{i}" for i in range(3)}
+    with EventProducer(kafka_bootstrap) as producer:
+        for sid in sorted(ids):
+            e = _scored(sid)
+            producer.send_raw(topic, e.correlation_id.encode(), encode_event(e), [])
+        lost = _scored(f"j-{run}-lost", problem=None)
+        producer.send_raw(topic, lost.correlation_id.encode(), encode_event(lost), [])
+    script = {STEPS[0]: [FINE] * 3, STEPS[1]: [WRONG, WRONG, FINE], STEPS[2]: [FINE] * 3}
+    settings = JudgeSettings(group=f"judge-{run}", topic=topic, until_idle=3, samples=2)
+    results = []
+    for attempt in range(2):
+        judge = StepwiseJudge(scripted_judge(tiny_backend, script), samples=2)  # type: ignore[arg-type]
+        results.append(
+            run_judge(
+                settings.model_copy(update={"group": f"judge-{run}-{attempt}"}),
+                bootstrap_servers=kafka_bootstrap,
+                install_signal_handlers=False,
+                components=(judge, REF),
+            )
+        )
+    assert results[0]["judged"] == 3 and results[0]["dead_lettered"] == 1
+    judged = _judged(kafka_bootstrap, ids)
+    assert len(judged) == 6 and len({e.event_id for e in judged}) == 3  # the re-run published the same ids
+    for event in judged:
+        payload = event.payload
+        assert isinstance(payload, StepsJudged) and payload.method == "stepwise"
+        assert payload.first_error_step == 1 and payload.verdicts == (True, False, None)
+        assert [j.step_index for j in payload.judgments] == [0, 1]
+        assert payload.step_entropy is not None and payload.step_entropy[2] is None
+        assert payload.cost.verified_steps == 2 and payload.judge == REF
