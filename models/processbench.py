@@ -14,13 +14,20 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from prmloop.models.questions import load_questions
 
-__all__ = ["ProcessBenchFileError", "ProcessBenchItem", "load_processbench", "read_processbench"]
+__all__ = [
+    "ProcessBenchFileError",
+    "ProcessBenchItem",
+    "load_processbench",
+    "processbench_f1",
+    "read_processbench",
+]
 
 
 class ProcessBenchFileError(ValueError):
@@ -106,3 +113,23 @@ def load_processbench(path: Path, *, subset: str | None = None) -> tuple[list[Pr
 def processbench_subset(path: Path) -> str:
     """``math`` for a file named like ``math.json``, else ``gsm8k``."""
     return "math" if "math" in path.stem else "gsm8k"
+
+
+def processbench_f1(predicted: Sequence[int | None], labels: Sequence[int]) -> dict[str, float | None]:
+    """The ProcessBench protocol: accuracy on erroneous samples (predicted first error == label), on
+    correct samples (predicted "no error", -1 or ``None``), and their harmonic mean (the F1).
+
+    A prediction that could not be read counts as wrong: pass any value that is not a valid step index
+    (``-2``, say). A subset with no sample of one kind has ``None`` accuracy for it and no F1.
+    """
+    if len(predicted) != len(labels):
+        raise ValueError(f"{len(predicted)} predictions for {len(labels)} labels")
+    normal = [-1 if p is None else p for p in predicted]
+    erroneous = [p == y for p, y in zip(normal, labels, strict=True) if y >= 0]
+    correct = [p == -1 for p, y in zip(normal, labels, strict=True) if y < 0]
+    acc_error = sum(erroneous) / len(erroneous) if erroneous else None
+    acc_correct = sum(correct) / len(correct) if correct else None
+    f1 = None
+    if acc_error is not None and acc_correct is not None:
+        f1 = 0.0 if acc_error + acc_correct == 0 else 2 * acc_error * acc_correct / (acc_error + acc_correct)
+    return {"error_accuracy": acc_error, "correct_accuracy": acc_correct, "f1": f1}

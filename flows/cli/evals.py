@@ -11,6 +11,8 @@ import typer
 from prmloop.flows.cli.app import err, eval_app
 from prmloop.flows.cli.options import settings_command
 from prmloop.flows.evals.annotate import SERVICE_ONLY_ALL, EvalAnnotateSettings
+from prmloop.flows.evals.judge import SERVICE_ONLY as JUDGE_SERVICE_ONLY
+from prmloop.flows.evals.judge import EvalJudgeSettings
 
 
 @eval_app.command("aggregate")
@@ -68,3 +70,21 @@ def eval_annotate(settings: EvalAnnotateSettings) -> None:
         ),
     )
     typer.echo(json.dumps(summary))
+
+
+@settings_command(eval_app, EvalJudgeSettings, name="judge", exclude=JUDGE_SERVICE_ONLY)
+def eval_judge(settings: EvalJudgeSettings) -> None:
+    """The LLM judge on ProcessBench: step verdicts scored with the CoT Entropy paper's metrics, the
+    critic with the ProcessBench protocol. One JSON line; table, rows and plot under --out-dir."""
+    from prmloop.flows.evals.judge import evaluate_judge
+
+    summary = evaluate_judge(
+        settings,
+        progress=lambda row: err.print(
+            f"{row['id']} step {row['step']}: error {row['has_error']}, predicted {row['predicted_error']}, "
+            f"CoT entropy {row['cot_entropy']}, {row['tokens']} tokens",
+            soft_wrap=True,
+            markup=False,
+        ),
+    )
+    typer.echo(json.dumps(summary, default=str))
