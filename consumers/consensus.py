@@ -93,6 +93,9 @@ class ConsensusSettings(BaseSettings):
     state_dir: Path | None = Field(default=None, description="join state folder (default $PRMLOOP_HOME/consensus)")
     max_batch: int = Field(default=500, ge=1, description="events per batch (one state transaction each)")
     until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
+    session_timeout: float = Field(
+        default=10.0, ge=1.0, description="seconds until the group gives a silent (killed) member's partitions away"
+    )
 
     def state_path(self) -> Path:
         folder = self.state_dir if self.state_dir is not None else StateSettings().home / "consensus"
@@ -316,9 +319,6 @@ class JoinState:
         return {"waiting": waiting, "accepted_total": accepted, "rejected_total": rejected}
 
 
-# ---------------------------------------------------------------------------------------------- the handler
-
-
 class Consensus:
     """Batch handler: store a batch's labels and verdicts, record the decisions, publish them, return.
 
@@ -415,9 +415,6 @@ class Consensus:
         return {**self.counts, **self.state.totals()}
 
 
-# ---------------------------------------------------------------------------------------------- the service
-
-
 class TopicLayoutError(RuntimeError):
     """The two input topics cannot be joined (one is missing, or their partition counts differ)."""
 
@@ -482,6 +479,8 @@ def run_consensus(
             handler=handler,
             kafka=kafka,
             max_batch=settings.max_batch,
+            session_timeout_ms=(timeout_ms := int(settings.session_timeout * 1000)),
+            max_poll_interval_ms=timeout_ms,  # the rebalance timeout: Tansu delays joins by about half of it
             name="consensus",
         )
 
