@@ -85,7 +85,9 @@ class ConsensusSettings(BaseSettings):
         "none) is above this; unset: off",
     )
     max_wait: float | None = Field(
-        default=None, gt=0.0, description="reject when a label or verdict waited this many seconds for its partner"
+        default=None,
+        gt=0.0,
+        description="seconds (wall clock) a label or verdict may wait for its partner before rejection; unset: forever",
     )
     group: str = Field(default=CONSENSUS_GROUP, description="consumer group; names the state file <group>.sqlite3")
     labeled_topic: str = Field(default=StepsLabeled.TOPIC, description="read MC labels from this topic")
@@ -189,8 +191,6 @@ def decision_event(decision: Decision, waited: Sequence[Envelope], *, rule: str,
     event_id = deterministic_event_id(payload.event_type, first.solution_id, rule, [str(i) for i in source_ids])
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
 
-
-# ------------------------------------------------------------------------------------------ durable state
 
 STATE_SQL = """
 CREATE TABLE IF NOT EXISTS inputs (event_id TEXT PRIMARY KEY, solution_id TEXT NOT NULL,

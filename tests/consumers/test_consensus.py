@@ -400,7 +400,8 @@ def test_the_service_decides_each_solution_once_on_a_real_broker(kafka_bootstrap
         group=f"consensus-{tag}",
         state_dir=tmp_path,
         max_wait=3,
-        until_idle=6,
+        until_idle=5,
+        session_timeout=3,
     )
     stop = threading.Event()
     result: list[dict[str, int]] = []
