@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from prmloop.consumers.annotator import AnnotatorSettings
+from prmloop.consumers.consensus import ConsensusSettings
 from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
 from prmloop.flows.cli.app import DbOption, app, err, stop_on_signals
@@ -89,6 +90,23 @@ def judge(settings: JudgeSettings) -> None:
         f"judge: {settings.method} with {components[1].name} on {servers}, group {settings.group}", soft_wrap=True
     )
     summary = run_judge(settings, bootstrap_servers=servers, until=stop.is_set, components=components)
+    typer.echo(json.dumps(summary))
+
+
+@settings_command(app, ConsensusSettings, name="consensus")
+def consensus(settings: ConsensusSettings) -> None:
+    """Join MC labels and judge verdicts per solution; accept the labels only where both agree on the
+    first error (Qwen "Lessons" consensus filtering): `labels.accepted` / `labels.rejected`."""
+    from prmloop.consumers.consensus import run_consensus
+    from prmloop.store.kafka import ensure_topics
+
+    stop = stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    err.print(f"consensus: {servers}, group {settings.group}", soft_wrap=True)
+    summary = run_consensus(
+        settings, bootstrap_servers=servers, outbox_dir=StateSettings().outbox_dir, until=stop.is_set
+    )
     typer.echo(json.dumps(summary))
 
 

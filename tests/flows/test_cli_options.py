@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings
 from typer.testing import CliRunner
 
 from prmloop.consumers.annotator import AnnotatorSettings
+from prmloop.consumers.consensus import ConsensusSettings
+from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
 from prmloop.flows.cli import app
 from prmloop.flows.cli.app import app as bare_app
@@ -27,7 +29,14 @@ def _options(command: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    ("command", "settings"), [("sample", SampleSettings), ("score", ScorerSettings), ("annotate", AnnotatorSettings)]
+    ("command", "settings"),
+    [
+        ("sample", SampleSettings),
+        ("score", ScorerSettings),
+        ("annotate", AnnotatorSettings),
+        ("judge", JudgeSettings),
+        ("consensus", ConsensusSettings),
+    ],
 )
 def test_every_settings_field_is_an_option_and_nothing_else(command: str, settings: type[BaseSettings]) -> None:
     assert _options(command) == set(settings.model_fields)
