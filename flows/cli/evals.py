@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import err, eval_app
+from prmloop.flows.cli.app import DbOption, db_path, err, eval_app
 from prmloop.flows.cli.options import settings_command
 from prmloop.flows.evals.annotate import SERVICE_ONLY_ALL, EvalAnnotateSettings
 from prmloop.flows.evals.judge import SERVICE_ONLY as JUDGE_SERVICE_ONLY
@@ -88,3 +88,20 @@ def eval_judge(settings: EvalJudgeSettings) -> None:
         ),
     )
     typer.echo(json.dumps(summary, default=str))
+
+
+@eval_app.command("consensus")
+def eval_consensus(
+    db: DbOption = None,
+    thresholds: Annotated[
+        str, typer.Option(help="comma-separated CoT-entropy thresholds; 'none' = no abstention")
+    ] = "none,0.69,0.6,0.5,0.4,0.3,0.2,0.1",
+) -> None:
+    """Consensus retention over the store's labelled and judged solutions, per CoT-entropy threshold."""
+    from prmloop.flows.evals.consensus import consensus_retention
+
+    try:
+        values = [None if t.strip().lower() == "none" else float(t) for t in thresholds.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--thresholds must be numbers or 'none', got {thresholds!r}") from None
+    typer.echo(json.dumps(consensus_retention(db_path(db), values)))
