@@ -1,0 +1,225 @@
+"""Measure the arithmetic curriculum on a real generator: accuracy per level and how often the first
+error of a wrong solution is located exactly.
+
+Why. The laptop loop needs questions its embedded model (SmolLM2-135M-Instruct) *sometimes* solves:
+Monte-Carlo step labels (EpicPRM Sec. 3.1; Qwen "Lessons", Sec. 2) come from rollouts that reach the
+gold answer from some steps and not from others. :mod:`prmloop.models.arith` generates such questions
+in levels; this evaluation samples ``k`` solutions of ``n_questions`` questions per level with the
+same pieces the sampling flow uses (:func:`~prmloop.models.prompts.solution_prompt`, the backend's
+``generate``, :func:`~prmloop.models.steps.split_steps`, :func:`~prmloop.models.grading.extract_answer`
+and :func:`~prmloop.models.grading.grade`) and runs the exact checker
+(:func:`~prmloop.models.arith.check_steps`) on every solution.
+
+Per level it reports: ``accuracy`` (correct solutions / sampled), ``pass_at_k`` (questions with at
+least one correct solution: the ones MC annotation can label), ``exact_first_error_fraction`` (among
+solutions that are not correct, the fraction whose first wrong step the checker locates exactly),
+``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
+``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
+
+No Prefect, no bus, no database: a plain function, so a test can run it on a tiny random model and a
+person can run it from a shell (see :func:`measure_arith_levels`).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from prmloop.models.arith import check_steps, level_spec
+from prmloop.models.backends.base import SamplingParams
+from prmloop.models.backends.registry import BackendConfig, build_backend
+from prmloop.models.grading import extract_answer, grade
+from prmloop.models.prompts import StepFormat, solution_prompt
+from prmloop.models.steps import split_steps
+from prmloop.producers.arith import arith_questions
+
+__all__ = ["measure_arith_levels", "write_report"]
+
+
+def _sampling_seed(question_id: str, seed: int) -> int:
+    """A per-question sampling seed: reproducible, and different across questions and runs."""
+    return zlib.crc32(f"{seed}/{question_id}".encode())
+
+
+def _rate(numerator: int, denominator: int) -> float | None:
+    return round(numerator / denominator, 4) if denominator else None
+
+
+def measure_arith_levels(
+    levels: Sequence[int | str] = (1, 2, 3, 4, 5),
+    n_questions: int = 12,
+    k: int = 4,
+    *,
+    threads: int = 1,
+    max_new_tokens: int = 160,
+    temperature: float = 0.7,
+    prompt_format: StepFormat = "step_k",
+    seed: int = 0,
+    backend: BackendConfig | dict[str, Any] | None = None,
+    questions_per_call: int = 1,
+    keep_solutions: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Sample ``k`` solutions of ``n_questions`` questions of each level and grade and check them.
+
+    Args:
+        levels: curriculum levels (see :data:`prmloop.models.arith.LEVELS`).
+        n_questions: questions per level (``arith/L<level>/<seed>/0..n-1``).
+        k: solutions per question.
+        threads: torch CPU threads for the default backend (the embedded SmolLM2 on transformers).
+        max_new_tokens, temperature: sampling budget and temperature.
+        prompt_format: ``step_k`` (EpicPRM's 2-shot prompt) or ``double_newline``.
+        seed: question seed, also mixed into each question's sampling seed.
+        backend: a backend configuration; ``None`` means SmolLM2 on transformers with ``threads``.
+        questions_per_call: questions sampled in one ``generate`` call (``questions_per_call * k``
+            sequences decode together, which is faster per token on a CPU).
+        keep_solutions: include every sampled solution with its check in the result.
+        progress: called with a small dict after every ``generate`` call.
+
+    Returns:
+        ``{"config": ..., "levels": [per-level summary, ...], "solutions": [...]}`` (JSON-able).
+    """
+    if k < 1 or n_questions < 1 or questions_per_call < 1:
+        raise ValueError("k, n_questions and questions_per_call must be at least 1")
+    config = (
+        BackendConfig(backend="transformers", model="smollm2", options={"num_threads": threads})
+        if backend is None
+        else BackendConfig.model_validate(backend)
+    )
+    started = time.perf_counter()
+    engine = build_backend(config)
+    load_s = time.perf_counter() - started
+    summaries: list[dict[str, Any]] = []
+    solutions: list[dict[str, Any]] = []
+    for level in levels:
+        spec = level_spec(level)
+        questions = arith_questions(n_questions, level=spec.level, seed=seed)
+        rows: list[dict[str, Any]] = []
+        generation_s = 0.0
+        tokens = 0
+        for start in range(0, len(questions), questions_per_call):
+            batch = questions[start : start + questions_per_call]
+            prompts = [solution_prompt(engine, q.problem, prompt_format) for q in batch]
+            params = SamplingParams(
+                n=k,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                seed=_sampling_seed(batch[0].id, seed),
+            )
+            tick = time.perf_counter()
+            completions = engine.generate(prompts, params)
+            generation_s += time.perf_counter() - tick
+            for question, samples in zip(batch, completions, strict=True):
+                assert question.gold_answer is not None  # generated questions always have one
+                chain = question.metadata["chain"]
+                assert isinstance(chain, dict)
+                for sample_index, completion in enumerate(samples):
+                    tokens += completion.completion_tokens
+                    steps = [s.text for s in split_steps(completion.text, prompt_format)]
+                    answer = extract_answer(completion.text)
+                    correct = answer is not None and grade(answer, question.gold_answer).is_correct
+                    check = check_steps(chain, steps)
+                    rows.append(
+                        {
+                            "question_id": question.id,
+                            "level": spec.level,
+                            "sample": sample_index,
+                            "problem": question.problem,
+                            "gold_answer": question.gold_answer,
+                            "text": completion.text,
+                            "steps": steps,
+                            "answer": answer,
+                            "correct": correct,
+                            "check_status": check.status,
+                            "first_error_step": check.first_error_step,
+                            "wrong_step": check.wrong_step,
+                            "check_reason": check.reason,
+                            "verdicts": list(check.verdicts),
+                            "tokens": completion.completion_tokens,
+                            "finish_reason": completion.finish_reason,
+                        }
+                    )
+            if progress is not None:
+                progress(
+                    {
+                        "level": spec.level,
+                        "questions_done": min(start + questions_per_call, len(questions)),
+                        "questions": len(questions),
+                        "solutions": len(rows),
+                        "correct": sum(r["correct"] for r in rows),
+                        "elapsed_s": round(time.perf_counter() - started, 1),
+                    }
+                )
+        summaries.append(
+            _summarise(
+                spec.level, spec.description, rows, n_questions=n_questions, k=k, tokens=tokens, seconds=generation_s
+            )
+        )
+        if keep_solutions:
+            solutions.extend(rows)
+    return {
+        "config": {
+            "levels": [level_spec(level).level for level in levels],
+            "n_questions": n_questions,
+            "k": k,
+            "seed": seed,
+            "max_new_tokens": max_new_tokens,
+            "temperature": temperature,
+            "prompt_format": prompt_format,
+            "backend": config.model_dump(mode="json"),
+            "model_name": engine.model_name,
+            "questions_per_call": questions_per_call,
+            "load_s": round(load_s, 1),
+            "total_s": round(time.perf_counter() - started, 1),
+        },
+        "levels": summaries,
+        "solutions": solutions,
+    }
+
+
+def _summarise(
+    level: int, description: str, rows: list[dict[str, Any]], *, n_questions: int, k: int, tokens: int, seconds: float
+) -> dict[str, Any]:
+    correct = [r for r in rows if r["correct"]]
+    not_correct = [r for r in rows if not r["correct"]]
+    wrong_answer = [r for r in not_correct if r["answer"] is not None]
+    located = [r for r in not_correct if r["check_status"] == "exact" and r["first_error_step"] is not None]
+    verified = [r for r in correct if r["check_status"] == "exact" and r["first_error_step"] is None]
+    solved = {r["question_id"] for r in correct}
+    return {
+        "level": level,
+        "description": description,
+        "n_questions": n_questions,
+        "k": k,
+        "solutions": len(rows),
+        "correct": len(correct),
+        "accuracy": _rate(len(correct), len(rows)),
+        "pass_at_k": _rate(len(solved), n_questions),
+        "not_correct": len(not_correct),
+        "no_answer": len(not_correct) - len(wrong_answer),
+        "exact_first_error": len(located),
+        "exact_first_error_fraction": _rate(len(located), len(not_correct)),
+        "exact_first_error_fraction_wrong_answer": _rate(
+            sum(r["first_error_step"] is not None and r["check_status"] == "exact" for r in wrong_answer),
+            len(wrong_answer),
+        ),
+        "correct_with_error_found": sum(r["wrong_step"] is not None for r in correct),
+        "exact_all_correct_fraction": _rate(len(verified), len(correct)),
+        "mean_steps": round(statistics.fmean(len(r["steps"]) for r in rows), 2) if rows else None,
+        "completion_tokens": tokens,
+        "generation_s": round(seconds, 1),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+    }
+
+
+def write_report(result: dict[str, Any], path: str | Path) -> Path:
+    """Write :func:`measure_arith_levels`' result as JSON (parent folders created)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return out
