@@ -602,6 +602,42 @@ def _stated_numbers(text: str) -> list[Fraction]:
     return remaining
 
 
+_NUMBER_WORDS = {
+    word: value
+    for value, word in enumerate(
+        [
+            "zero",
+            "one",
+            "two",
+            "three",
+            "four",
+            "five",
+            "six",
+            "seven",
+            "eight",
+            "nine",
+            "ten",
+            "eleven",
+            "twelve",
+            "thirteen",
+            "fourteen",
+            "fifteen",
+            "sixteen",
+            "seventeen",
+            "eighteen",
+            "nineteen",
+            "twenty",
+        ]
+    )
+}
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", flags=re.IGNORECASE)
+
+
+def _number_words(text: str) -> list[Fraction]:
+    """Numbers written as words (``two`` .. ``twenty``): never an error on their own, but unverified."""
+    return [Fraction(_NUMBER_WORDS[m.group(1).lower()]) for m in _NUMBER_WORD_RE.finditer(text)]
+
+
 # --------------------------------------------------------------------------------------------------
 # The checker
 # --------------------------------------------------------------------------------------------------
@@ -681,6 +717,7 @@ def check_steps(
     steps: Sequence[str],
     *,
     constants: Iterable[int] = DEFAULT_CONSTANTS,
+    prose: Literal["neutral", "unverified"] = "neutral",
 ) -> StepCheck:
     """Find the first wrong step of a solution to an arithmetic question, exactly, or say "unknown".
 
@@ -706,6 +743,13 @@ def check_steps(
     the first provable error is). With no wrong step: ``first_error_step=None`` and ``"exact"`` when
     every step is verified, the gold answer is stated and at least one equation was read;
     ``"unknown"`` otherwise (no equation at all, no answer stated, or an unverified step).
+
+    What the checker does not see. It checks quantities, not words: a step that states no number
+    (``"I can't know how many he had"``, ``"We should multiply"``) is *neutral* and counts as verified
+    (``prose="unverified"`` makes such steps unverified instead, so that no error after them is claimed
+    exact). A wrong plan written in words shows up only where it produces a number off the reference
+    chain, which makes that step unverified. Number words (``two``, ``twelve``) are not read as
+    numbers; a step with one that is not on the chain is unverified.
 
     Numbers are read with ``1,000`` -> 1000, ``$5`` -> 5, ``5.0`` -> 5; ``x``, ``×``, ``*``,
     ``\\times``, ``\\cdot`` multiply; ``÷``, ``/`` and ``\\div`` divide; ``Step 3:`` labels and
@@ -763,8 +807,9 @@ def check_steps(
                 index,
                 equation_count,
             )
-        fresh = [n for n in (*derived, *stated) if n not in on_chain]
-        if fresh:
+        fresh = [n for n in (*derived, *stated, *_number_words(step)) if n not in on_chain]
+        prose_only = not equations and not stated and answer is None
+        if fresh or (prose == "unverified" and prose_only):
             verdicts.append("unverified")
             if first_unverified is None:
                 first_unverified = index

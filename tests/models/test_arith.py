@@ -322,3 +322,17 @@ def test_every_arith_gold_answer_grades_its_own_reference_solution_correct() -> 
         boxed = f"So the answer is \\boxed{{{question.answer}}}."
         assert grade(boxed, str(question.answer)).is_correct
         assert not grade(f"The answer is {question.answer + 1}", str(question.answer)).is_correct
+
+
+def test_a_number_word_off_the_chain_makes_the_step_unverified() -> None:
+    # "eight apples" is wrong (Tom has 3), but words are not read as claims; the later error is not exact.
+    steps = ["Tom has eight apples.", "He buys 4 more, so 8 + 4 = 12.", "The final answer is: 12"]
+    check = check_steps(TOM, steps)
+    assert (check.status, check.first_error_step, check.wrong_step) == ("unknown", None, 1)
+
+
+def test_prose_steps_are_neutral_unless_asked_to_be_strict() -> None:
+    steps = ["I cannot know how many apples he has.", "3 + 4 = 8", "The final answer is: 8"]
+    assert check_steps(TOM, steps).first_error_step == 1
+    strict = check_steps(TOM, steps, prose="unverified")
+    assert (strict.status, strict.wrong_step) == ("unknown", 1)
