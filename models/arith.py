@@ -104,21 +104,21 @@ class LevelSpec:
 
 
 LEVELS: dict[int, LevelSpec] = {
-    1: LevelSpec(1, "1 step: add two numbers below 10", events=1, operations=("add",), max_number=9),
-    2: LevelSpec(2, "1 step: add or subtract, numbers up to 20", events=1, operations=("add", "sub"), max_number=20),
+    1: LevelSpec(1, "1 step: add two numbers from 1 to 5", events=1, operations=("add",), max_number=5),
+    2: LevelSpec(2, "1 step: add or subtract, numbers up to 10", events=1, operations=("add", "sub"), max_number=10),
     3: LevelSpec(3, "2 steps: add and subtract, numbers up to 20", events=2, operations=("add", "sub"), max_number=20),
     4: LevelSpec(
         4,
-        "3 steps: bags of items (a product), then add or subtract; numbers up to 30",
-        events=2,
+        "2 steps: bags of items (a product), then add or subtract; numbers up to 20",
+        events=1,
         operations=("add", "sub"),
-        max_number=30,
-        max_factor=6,
+        max_number=20,
+        max_factor=5,
         start_groups=True,
     ),
     5: LevelSpec(
         5,
-        "4-5 steps: products, sums, differences and an equal share; one distractor; numbers up to 50",
+        "3-5 steps: products, sums, differences and an equal share; one distractor; numbers up to 50",
         events=3,
         operations=("add", "sub", "add_groups", "share"),
         max_number=50,

@@ -38,7 +38,7 @@ from prmloop.models.prompts import StepFormat, solution_prompt
 from prmloop.models.steps import split_steps
 from prmloop.producers.arith import arith_questions
 
-__all__ = ["measure_arith_levels", "write_report"]
+__all__ = ["main", "measure_arith_levels", "write_report"]
 
 
 def _sampling_seed(question_id: str, seed: int) -> int:
@@ -223,3 +223,52 @@ def write_report(result: dict[str, Any], path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m prmloop.flows.evals.arith``: run :func:`measure_arith_levels`, print the table, save JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m prmloop.flows.evals.arith", description=main.__doc__)
+    parser.add_argument("--levels", nargs="+", default=["1", "2", "3", "4", "5"])
+    parser.add_argument("--n-questions", type=int, default=12)
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--prompt-format", choices=["step_k", "double_newline"], default="step_k")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions-per-call", type=int, default=4)
+    parser.add_argument("--out", default="out/arith_levels.json")
+    args = parser.parse_args(argv)
+    result = measure_arith_levels(
+        args.levels,
+        args.n_questions,
+        args.k,
+        threads=args.threads,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        prompt_format=args.prompt_format,
+        seed=args.seed,
+        questions_per_call=args.questions_per_call,
+        progress=lambda p: print(json.dumps(p), flush=True),
+    )
+    path = write_report(result, args.out)
+    columns = (
+        "level",
+        "accuracy",
+        "pass_at_k",
+        "exact_first_error_fraction",
+        "mean_steps",
+        "solutions",
+        "tokens_per_s",
+    )
+    print("\t".join(columns))
+    for level in result["levels"]:
+        print("\t".join(str(level[c]) for c in columns))
+    print(f"saved {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
