@@ -46,6 +46,7 @@ from prmloop.models.grading import extract_answer
 
 __all__ = [
     "DEFAULT_CONSTANTS",
+    "FEW_SHOT_EXAMPLES",
     "LEVELS",
     "ArithChain",
     "ArithQuestion",
@@ -128,6 +129,24 @@ LEVELS: dict[int, LevelSpec] = {
 }
 """The curriculum. Chosen so SmolLM2-135M-Instruct's accuracy falls from easy to hard; the measured
 accuracies are in ``flows/evals/arith.py``'s report (``out/arith_levels.json``)."""
+
+
+FEW_SHOT_EXAMPLES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    (
+        "Ella has 5 cards. She buys 3 more cards. How many cards does Ella have now?",
+        ("Ella has 5 cards and buys 3 more, so 5 + 3 = 8 cards.",),
+        "The final answer is: 8",
+    ),
+    (
+        "Max has 4 bags with 3 shells in each bag. He loses 2 shells. How many shells does Max have now?",
+        ("The bags hold 4 * 3 = 12 shells.", "He loses 2, so 12 - 2 = 10 shells."),
+        "The final answer is: 10",
+    ),
+)
+"""Two worked examples in the curriculum's own style, ``(problem, steps, final-answer sentence)``: one
+equation per step, EpicPRM's ``The final answer is:`` ending (appendix A.1). A prompt built from them
+(``step_k_arith`` in :mod:`prmloop.flows.evals.arith`) replaces EpicPRM's two MATH examples, whose
+LaTeX and geometry a 135M model imitates instead of adding."""
 
 
 def level_spec(level: int | str | LevelSpec) -> LevelSpec:

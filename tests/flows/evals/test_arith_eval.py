@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.evals.arith import measure_arith_levels, write_report
-from prmloop.models.arith import generate_question, reference_solution
+from prmloop.flows.evals.arith import arith_few_shot_prompt, measure_arith_levels, write_report
+from prmloop.models.arith import FEW_SHOT_EXAMPLES, find_equations, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS, BackendConfig
+from prmloop.models.grading import extract_answer
+from prmloop.models.prompts import EPICPRM_RESPONSE_PREFIX
 
 
 class ScriptedGenerator:
@@ -88,3 +90,30 @@ def test_a_tiny_random_model_runs_the_whole_measurement_and_the_report_is_json(
     assert result["config"]["prompt_format"] == "step_k"
     path = write_report(result, tmp_path / "out" / "arith_levels.json")
     assert json.loads(path.read_text())["levels"] == result["levels"]
+
+
+def test_the_arithmetic_few_shot_prompt_is_step_k_with_the_curriculum_examples() -> None:
+    prompt = arith_few_shot_prompt(
+        object(), "Tom has 3 apples. He buys 4 more apples. How many apples does Tom have now?"
+    )
+    assert prompt.endswith(EPICPRM_RESPONSE_PREFIX)
+    assert prompt.count("Instruction:") == 3
+    assert "Step 1: The bags hold 4 * 3 = 12 shells.\nStep 2: He loses 2, so 12 - 2 = 10 shells.\n" in prompt
+    assert "Step 3: The final answer is: 10" in prompt
+    assert "right triangle" not in prompt  # EpicPRM's MATH examples are replaced, not added to
+
+
+def test_the_few_shot_examples_are_right_by_the_checker_own_rules() -> None:
+    for _problem, steps, final in FEW_SHOT_EXAMPLES:
+        equations = [e for s in steps for e in find_equations(s)]
+        assert equations and all(e.holds for e in equations)
+        assert extract_answer(final) == str(equations[-1].results()[0])
+
+
+def test_the_report_can_use_the_few_shot_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(BACKENDS, "scripted", lambda _config: ScriptedGenerator(level=1, n=2))
+    result = measure_arith_levels(
+        [1], n_questions=2, k=2, backend={"backend": "scripted"}, prompt_format="step_k_arith"
+    )
+    assert result["levels"][0]["accuracy"] == 0.5
+    assert result["config"]["prompt_format"] == "step_k_arith"
