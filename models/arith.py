@@ -560,7 +560,8 @@ def _runs(text: str) -> list[list[str | Fraction]]:
             current.append(value)
         elif kind == "word" and value.lower() == "x" and prev_kind == "num" and next_kind == "num":
             current.append("*")
-        elif kind == "word" and prev_kind == "num" and next_kind in ("op", "eq") and current:
+        elif kind == "word" and len(value) > 1 and prev_kind == "num" and next_kind in ("op", "eq") and current:
+            # A unit ("3 apples + 4 apples"); a single letter is a variable ("2x + 3 = 7"), not a unit.
             continue
         else:
             if current:

@@ -13,6 +13,8 @@ and :func:`~prmloop.models.grading.grade`) and runs the exact checker
 Per level it reports: ``accuracy`` (correct solutions / sampled), ``pass_at_k`` (questions with at
 least one correct solution: the ones MC annotation can label), ``exact_first_error_fraction`` (among
 solutions that are not correct, the fraction whose first wrong step the checker locates exactly),
+``exact_first_error_fraction_strict`` (the same with steps that state no number counted as
+unverified rather than neutral, see :func:`~prmloop.models.arith.check_steps`),
 ``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
 ``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
 
@@ -30,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from prmloop.models.arith import FEW_SHOT_EXAMPLES, check_steps, level_spec
+from prmloop.models.arith import FEW_SHOT_EXAMPLES, check_steps, generate_question, level_spec
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.registry import BackendConfig, build_backend
 from prmloop.models.grading import extract_answer, grade
@@ -47,7 +49,7 @@ from prmloop.models.prompts import (
 from prmloop.models.steps import split_steps
 from prmloop.producers.arith import arith_questions
 
-__all__ = ["arith_few_shot_prompt", "main", "measure_arith_levels", "write_report"]
+__all__ = ["arith_few_shot_prompt", "main", "measure_arith_levels", "recheck", "write_report"]
 
 
 PromptFormat = Literal["step_k", "double_newline", "step_k_arith"]
@@ -165,7 +167,6 @@ def measure_arith_levels(
                     steps = [s.text for s in split_steps(completion.text, split_style)]
                     answer = extract_answer(completion.text)
                     correct = answer is not None and grade(answer, question.gold_answer).is_correct
-                    check = check_steps(chain, steps)
                     rows.append(
                         {
                             "question_id": question.id,
@@ -177,11 +178,7 @@ def measure_arith_levels(
                             "steps": steps,
                             "answer": answer,
                             "correct": correct,
-                            "check_status": check.status,
-                            "first_error_step": check.first_error_step,
-                            "wrong_step": check.wrong_step,
-                            "check_reason": check.reason,
-                            "verdicts": list(check.verdicts),
+                            **_check_fields(chain, steps),
                             "tokens": completion.completion_tokens,
                             "finish_reason": completion.finish_reason,
                         }
@@ -224,6 +221,51 @@ def measure_arith_levels(
     }
 
 
+def _check_fields(chain: Any, steps: list[str]) -> dict[str, Any]:
+    """The checker's verdict as report fields; ``*_strict``: prose steps count as unverified."""
+    check = check_steps(chain, steps)
+    strict = check_steps(chain, steps, prose="unverified")
+    return {
+        "check_status": check.status,
+        "first_error_step": check.first_error_step,
+        "wrong_step": check.wrong_step,
+        "check_reason": check.reason,
+        "verdicts": list(check.verdicts),
+        "check_status_strict": strict.status,
+        "first_error_step_strict": strict.first_error_step,
+    }
+
+
+def recheck(result: dict[str, Any]) -> dict[str, Any]:
+    """Re-run the checker on the solutions a report kept, without sampling again.
+
+    For a report written before a change to :func:`~prmloop.models.arith.check_steps`: the chain is
+    regenerated from each question id (``arith/L<level>/<seed>/<index>``); token counts and timings
+    are kept from the original summaries.
+    """
+    rows = [dict(row) for row in result["solutions"]]
+    for row in rows:
+        _, level, seed, index = row["question_id"].split("/")
+        chain = generate_question(int(level.removeprefix("L")), int(seed), int(index)).chain
+        row.update(_check_fields(chain.to_json(), row["steps"]))
+    summaries = []
+    for old in result["levels"]:
+        level_rows = [row for row in rows if row["level"] == old["level"]]
+        summary = _summarise(
+            old["level"],
+            old["description"],
+            level_rows,
+            n_questions=old["n_questions"],
+            k=old["k"],
+            tokens=old["completion_tokens"],
+            seconds=old["generation_s"],
+        )
+        # Timings are the sampling run's, not recomputed from the rounded seconds.
+        summary["tokens_per_s"] = old["tokens_per_s"]
+        summaries.append(summary)
+    return {**result, "levels": summaries, "solutions": rows}
+
+
 def _summarise(
     level: int, description: str, rows: list[dict[str, Any]], *, n_questions: int, k: int, tokens: int, seconds: float
 ) -> dict[str, Any]:
@@ -232,6 +274,11 @@ def _summarise(
     wrong_answer = [r for r in not_correct if r["answer"] is not None]
     located = [r for r in not_correct if r["check_status"] == "exact" and r["first_error_step"] is not None]
     verified = [r for r in correct if r["check_status"] == "exact" and r["first_error_step"] is None]
+    located_strict = [
+        r
+        for r in not_correct
+        if r.get("check_status_strict") == "exact" and r.get("first_error_step_strict") is not None
+    ]
     solved = {r["question_id"] for r in correct}
     return {
         "level": level,
@@ -246,6 +293,7 @@ def _summarise(
         "no_answer": len(not_correct) - len(wrong_answer),
         "exact_first_error": len(located),
         "exact_first_error_fraction": _rate(len(located), len(not_correct)),
+        "exact_first_error_fraction_strict": _rate(len(located_strict), len(not_correct)),
         "exact_first_error_fraction_wrong_answer": _rate(
             sum(r["first_error_step"] is not None and r["check_status"] == "exact" for r in wrong_answer),
             len(wrong_answer),

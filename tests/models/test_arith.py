@@ -179,7 +179,9 @@ def test_equations_are_read_from_free_text(text: str, expected: str) -> None:
     assert equation.holds
 
 
-@pytest.mark.parametrize("text", ["He buys 4 more = 7 apples", "Step 3: he has 7 apples.", "x = 3 + 4", "3 + 4"])
+@pytest.mark.parametrize(
+    "text", ["He buys 4 more = 7 apples", "Step 3: he has 7 apples.", "x = 3 + 4", "3 + 4", "2x + 3 = 7", "nx = 3x - 1"]
+)
 def test_text_without_a_computing_equation_has_none(text: str) -> None:
     assert find_equations(text) == []
 

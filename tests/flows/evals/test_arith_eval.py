@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.evals.arith import arith_few_shot_prompt, measure_arith_levels, write_report
+from prmloop.flows.evals.arith import arith_few_shot_prompt, measure_arith_levels, recheck, write_report
 from prmloop.models.arith import FEW_SHOT_EXAMPLES, find_equations, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS, BackendConfig
@@ -117,3 +117,16 @@ def test_the_report_can_use_the_few_shot_prompt(monkeypatch: pytest.MonkeyPatch)
     )
     assert result["levels"][0]["accuracy"] == 0.5
     assert result["config"]["prompt_format"] == "step_k_arith"
+
+
+def test_recheck_recomputes_verdicts_from_the_kept_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(BACKENDS, "scripted", lambda _config: ScriptedGenerator(level=3, n=3))
+    result = measure_arith_levels([3], n_questions=3, k=2, backend={"backend": "scripted"})
+    stale = {
+        **result,
+        "solutions": [{**row, "check_status": "unknown", "first_error_step": None} for row in result["solutions"]],
+    }
+    stale["levels"] = [{**result["levels"][0], "exact_first_error": 0}]
+    fresh = recheck(stale)
+    assert fresh["levels"] == result["levels"]
+    assert [r["first_error_step"] for r in fresh["solutions"]] == [r["first_error_step"] for r in result["solutions"]]
