@@ -16,11 +16,12 @@ Two parts, both pure (no I/O, no model):
   knob is a :class:`LevelSpec` (number of events, size of numbers, operations, distractors);
   :data:`LEVELS` defines levels 1..5. Every value is an integer (division only where it is exact).
 - :func:`check_steps`: reads a solution's steps as free text, finds the equations (``3 + 4 = 7``,
-  ``$3 \\times 4 = \\$12``, ``3 apples * 4 = 12 apples``) and the numbers stated in words, and returns
-  the first step that is provably wrong, when every step before it is provably right
+  ``$3 \\times 4 = \\$12``, ``3 apples * 4 = 12 apples``) and the numbers stated outside equations,
+  and returns the first step that is provably wrong, when every step before it is provably right
   (:class:`StepCheck`, status ``"exact"``), or ``"unknown"`` with the reason when it cannot decide.
 
-What "provably" means here (see :func:`check_steps` for the rules): a step is *wrong* if it contains a
+What "provably" means here (see :func:`check_steps` for the rules; the checker reads quantities, not
+words, so a step that states no number is neutral by default): a step is *wrong* if it contains a
 false equation, uses in an equation a number that is neither in the question, nor derived before, nor
 a small constant, states a number that no single operation on known numbers gives, or states a final
 answer other than the gold one. A step is *verified* if it is not wrong and every number it derives or
