@@ -13,8 +13,9 @@ and :func:`~prmloop.models.grading.grade`) and runs the exact checker
 Per level it reports: ``accuracy`` (correct solutions / sampled), ``pass_at_k`` (questions with at
 least one correct solution: the ones MC annotation can label), ``exact_first_error_fraction`` (among
 solutions that are not correct, the fraction whose first wrong step the checker locates exactly),
-``exact_first_error_fraction_strict`` (the same with steps that state no number counted as
-unverified rather than neutral, see :func:`~prmloop.models.arith.check_steps`),
+``exact_first_error_fraction_lenient`` (the same with steps that state no number counted as verified
+rather than unverified: more located errors, fewer of them right; see
+:func:`~prmloop.models.arith.check_steps`),
 ``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
 ``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
 
@@ -222,17 +223,17 @@ def measure_arith_levels(
 
 
 def _check_fields(chain: Any, steps: list[str]) -> dict[str, Any]:
-    """The checker's verdict as report fields; ``*_strict``: prose steps count as unverified."""
+    """The checker's verdict as report fields; ``*_lenient``: steps without numbers count as verified."""
     check = check_steps(chain, steps)
-    strict = check_steps(chain, steps, prose="unverified")
+    lenient = check_steps(chain, steps, prose="neutral")
     return {
         "check_status": check.status,
         "first_error_step": check.first_error_step,
         "wrong_step": check.wrong_step,
         "check_reason": check.reason,
         "verdicts": list(check.verdicts),
-        "check_status_strict": strict.status,
-        "first_error_step_strict": strict.first_error_step,
+        "check_status_lenient": lenient.status,
+        "first_error_step_lenient": lenient.first_error_step,
     }
 
 
@@ -274,10 +275,10 @@ def _summarise(
     wrong_answer = [r for r in not_correct if r["answer"] is not None]
     located = [r for r in not_correct if r["check_status"] == "exact" and r["first_error_step"] is not None]
     verified = [r for r in correct if r["check_status"] == "exact" and r["first_error_step"] is None]
-    located_strict = [
+    located_lenient = [
         r
         for r in not_correct
-        if r.get("check_status_strict") == "exact" and r.get("first_error_step_strict") is not None
+        if r.get("check_status_lenient") == "exact" and r.get("first_error_step_lenient") is not None
     ]
     solved = {r["question_id"] for r in correct}
     return {
@@ -293,7 +294,7 @@ def _summarise(
         "no_answer": len(not_correct) - len(wrong_answer),
         "exact_first_error": len(located),
         "exact_first_error_fraction": _rate(len(located), len(not_correct)),
-        "exact_first_error_fraction_strict": _rate(len(located_strict), len(not_correct)),
+        "exact_first_error_fraction_lenient": _rate(len(located_lenient), len(not_correct)),
         "exact_first_error_fraction_wrong_answer": _rate(
             sum(r["first_error_step"] is not None and r["check_status"] == "exact" for r in wrong_answer),
             len(wrong_answer),

@@ -333,8 +333,12 @@ def test_a_number_word_off_the_chain_makes_the_step_unverified() -> None:
     assert (check.status, check.first_error_step, check.wrong_step) == ("unknown", None, 1)
 
 
-def test_prose_steps_are_neutral_unless_asked_to_be_strict() -> None:
+def test_a_step_without_numbers_is_unverified_unless_prose_is_neutral() -> None:
+    # Step 0 is a false claim in words: the checker cannot read it, so by default it does not vouch for
+    # it, and the false equation after it is found but not claimed as the first error.
     steps = ["I cannot know how many apples he has.", "3 + 4 = 8", "The final answer is: 8"]
-    assert check_steps(TOM, steps).first_error_step == 1
-    strict = check_steps(TOM, steps, prose="unverified")
-    assert (strict.status, strict.wrong_step) == ("unknown", 1)
+    strict = check_steps(TOM, steps)
+    assert (strict.status, strict.first_error_step, strict.wrong_step) == ("unknown", None, 1)
+    assert strict.verdicts == ("unverified", "wrong")
+    lenient = check_steps(TOM, steps, prose="neutral")
+    assert (lenient.status, lenient.first_error_step) == ("exact", 1)
