@@ -754,8 +754,11 @@ def check_steps(
       or it states, outside any equation, a number that is not known and that no single operation on
       two known numbers gives (an invented number), or it states a final answer other than the gold
       one (``The final answer is: 8``, ``\\boxed{8}``);
-    - *verified* if it is not wrong and every number it derives or states is on the reference chain
-      (a number of the question, a result of the reference chain, or a constant);
+    - *verified* if it is not wrong, every number it derives with an equation is on the reference
+      chain (a number of the question or a result of the reference chain), and every number it
+      states without one is a number of the question, an earlier result, or the result of a
+      reference step whose operands are already known (a value stated before it can be had, such as
+      the final answer in the first step, or a bare constant such as "0 cookies", is not vouched for);
     - *unverified* otherwise (correct arithmetic that leaves the reference chain: a valid regrouping
       or a wrong operation, which arithmetic alone cannot tell apart).
 
@@ -783,7 +786,8 @@ def check_steps(
     gold = Fraction(chain.answer)
     allowed = {Fraction(c) for c in constants}
     on_chain = {Fraction(n) for n in chain.numbers} | {Fraction(r) for r in chain.results} | allowed
-    known = {Fraction(n) for n in chain.numbers} | allowed
+    question_numbers = {Fraction(n) for n in chain.numbers}
+    known = question_numbers | allowed
     verdicts: list[StepVerdict] = []
     first_unverified: int | None = None
     equation_count = 0
@@ -831,7 +835,14 @@ def check_steps(
                 index,
                 equation_count,
             )
-        fresh = [n for n in (*derived, *stated, *_number_words(step)) if n not in on_chain]
+        # A number stated without an equation is vouched for only if it could be had by now: a
+        # question number, an earlier result, or the next result of the reference chain.
+        so_far = known | set(derived)
+        next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
+        stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
+        fresh = [n for n in derived if n not in on_chain]
+        words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
+        fresh += [n for n in (*stated, *words) if n not in stateable]
         prose_only = not equations and not stated and answer is None
         if fresh or (prose == "unverified" and prose_only):
             verdicts.append("unverified")

@@ -342,3 +342,18 @@ def test_a_step_without_numbers_is_unverified_unless_prose_is_neutral() -> None:
     assert strict.verdicts == ("unverified", "wrong")
     lenient = check_steps(TOM, steps, prose="neutral")
     assert (lenient.status, lenient.first_error_step) == ("exact", 1)
+
+
+def test_a_result_stated_before_it_can_be_had_is_not_vouched_for() -> None:
+    # 6 + 2 = 8, 8 - 3 = 5. Stating 5 first is not an invented number (2 + 3 gives it), but it is the
+    # final result before its operand 8 exists: the step is unverified, so the error after it is not exact.
+    chain = ArithChain(numbers=(6, 2, 3), steps=(ChainStep("+", 6, 2, 8), ChainStep("-", 8, 3, 5)))
+    check = check_steps(chain, ["So he has 5 apples.", "6 + 2 = 9", "The final answer is: 6"])
+    assert (check.status, check.wrong_step, check.verdicts) == ("unknown", 1, ("unverified", "wrong"))
+    # Stating the next result of the chain is fine: 6 + 2 can be had from the question.
+    assert check_steps(chain, ["He has 8 apples now.", "8 - 3 = 5", "The final answer is: 5"]).status == "exact"
+
+
+def test_a_bare_constant_stated_as_a_quantity_is_not_vouched_for() -> None:
+    check = check_steps(TOM, ["If he had 1 apple he would have 0 apples.", "3 + 4 = 8", "The final answer is: 8"])
+    assert (check.status, check.wrong_step) == ("unknown", 1)
