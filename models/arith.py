@@ -623,6 +623,20 @@ def _stated_numbers(text: str) -> list[Fraction]:
     return remaining
 
 
+def _bare_expression_values(text: str) -> list[Fraction]:
+    """Values of expressions written without a result (``he must have 3 + 1 books``): each one is a
+    quantity the step asserts, as much as a stated number is."""
+    values = []
+    for tokens in _runs(text):
+        if "=" in tokens:
+            continue
+        side = _trim(list(tokens))
+        value = _evaluate(side) if _has_operator(side) else None
+        if value is not None:
+            values.append(value)
+    return values
+
+
 _NUMBER_WORDS = {
     word: value
     for value, word in enumerate(
@@ -760,7 +774,8 @@ def check_steps(
       reference step whose operands are already known (a value stated before it can be had, such as
       the final answer in the first step, or a bare constant such as "0 cookies", is not vouched for);
     - *unverified* otherwise (correct arithmetic that leaves the reference chain: a valid regrouping
-      or a wrong operation, which arithmetic alone cannot tell apart).
+      or a wrong operation, which arithmetic alone cannot tell apart; an expression written without
+      a result, such as ``3 + 1 books``, counts as deriving its value).
 
     Verdict: the first wrong step is the first error, ``status="exact"``, when every step before it is
     verified; if an unverified step comes first, ``status="unknown"`` (``wrong_step`` still says where
@@ -840,7 +855,7 @@ def check_steps(
         so_far = known | set(derived)
         next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
         stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
-        fresh = [n for n in derived if n not in on_chain]
+        fresh = [n for n in (*derived, *_bare_expression_values(step)) if n not in on_chain]
         words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
         fresh += [n for n in (*stated, *words) if n not in stateable]
         prose_only = not equations and not stated and answer is None

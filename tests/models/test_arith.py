@@ -357,3 +357,11 @@ def test_a_result_stated_before_it_can_be_had_is_not_vouched_for() -> None:
 def test_a_bare_constant_stated_as_a_quantity_is_not_vouched_for() -> None:
     check = check_steps(TOM, ["If he had 1 apple he would have 0 apples.", "3 + 4 = 8", "The final answer is: 8"])
     assert (check.status, check.wrong_step) == ("unknown", 1)
+
+
+def test_an_expression_without_a_result_asserts_its_value() -> None:
+    # "3 + 1" is not an equation, but it claims Tom has 4 apples: off the chain, so not vouched for.
+    check = check_steps(TOM, ["He must have 3 + 1 apples.", "3 + 4 = 8", "The final answer is: 8"])
+    assert (check.status, check.wrong_step, check.verdicts) == ("unknown", 1, ("unverified", "wrong"))
+    on_chain = check_steps(TOM, ["He has 3 + 4 apples.", "2 * 5 = 11", "The final answer is: 18"])
+    assert (on_chain.status, on_chain.first_error_step) == ("exact", 1)
