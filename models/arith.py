@@ -348,7 +348,7 @@ def generate_question(level: int | str | LevelSpec, seed: int = 0, index: int = 
         else:
             b = rng.randint(1, spec.max_number)
             verb = rng.choice(("buys", "finds", "gets"))
-            sentences.append(f"{cap} {verb} {b} more {items}.")
+            sentences.append(f"{cap} {verb} {_count(b, 'more ' + items)}.")
             numbers.append(b)
             steps.append(ChainStep("+", total, b, total + b))
             reference.append(f"{cap} {verb} {b} more, so {total} + {b} = {total + b} {items}.")
@@ -438,7 +438,11 @@ def parse_number(text: str) -> Fraction:
     return Fraction(text.replace(",", ""))
 
 
+_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+
+
 def _normalise(text: str) -> str:
+    text = _FRAC_RE.sub(r" ((\1) / (\2)) ", text)
     for old, new in _LATEX_SUBS:
         text = text.replace(old, new)
     text = _STEP_LABEL_RE.sub(" ", text)
@@ -714,14 +718,14 @@ def _as_chain(chain: ArithChain | Mapping[str, Any]) -> ArithChain:
     return chain if isinstance(chain, ArithChain) else ArithChain.from_json(chain)
 
 
-def _one_operation(known: Iterable[Fraction]) -> set[Fraction]:
-    """Every ``a op b`` for two different known numbers (constants excluded by the caller: ``x + 1``
-    would make every off-by-one slip look derivable)."""
-    values = set(known)
+def _one_operation(values: Sequence[Fraction]) -> set[Fraction]:
+    """Every ``a op b`` for two known numbers at different positions of ``values`` (so ``4 * 4`` only
+    when 4 is known twice; constants are left out by the caller: ``x + 1`` would make every
+    off-by-one slip look derivable)."""
     out: set[Fraction] = set()
-    for a in values:
-        for b in values:
-            if a == b:
+    for i, a in enumerate(values):
+        for j, b in enumerate(values):
+            if i == j:
                 continue
             out.update((a + b, a - b, a * b))
             if b != 0:
@@ -813,7 +817,12 @@ def check_steps(
         equation_count += len(equations)
         wrong: str | None = None
         derived: list[Fraction] = []
+        unreadable = False
         for equation in equations:
+            if None in equation.values():
+                # A side that is not a well-formed expression ("10 2 * 39"): read wrongly, so no verdict.
+                unreadable = True
+                continue
             if not equation.holds:
                 values = ", ".join("?" if v is None else _fmt(v) for v in equation.values())
                 wrong = f"step {index}: false equation {equation.text} (sides evaluate to {values})"
@@ -832,8 +841,13 @@ def check_steps(
             answer_stated = True
             if answer != gold:
                 wrong = f"step {index}: states the final answer {_fmt(answer)}, but the answer is {_fmt(gold)}"
+        # A number stated without an equation is vouched for only if it could be had by now: a
+        # question number, an earlier result, or the next result of the reference chain.
+        so_far = known | set(derived)
+        next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
         if wrong is None:
-            reachable = _one_operation((known - allowed) | set(derived))
+            pool = [Fraction(n) for n in chain.numbers] + [k for k in so_far if k not in question_numbers | allowed]
+            reachable = _one_operation(pool) | next_results
             for number in stated:
                 if number not in known and number not in derived and number not in reachable:
                     wrong = f"step {index}: states {_fmt(number)}, which no operation on known numbers gives"
@@ -850,16 +864,12 @@ def check_steps(
                 index,
                 equation_count,
             )
-        # A number stated without an equation is vouched for only if it could be had by now: a
-        # question number, an earlier result, or the next result of the reference chain.
-        so_far = known | set(derived)
-        next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
         stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
         fresh = [n for n in (*derived, *_bare_expression_values(step)) if n not in on_chain]
         words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
         fresh += [n for n in (*stated, *words) if n not in stateable]
         prose_only = not equations and not stated and answer is None
-        if fresh or (prose == "unverified" and prose_only):
+        if fresh or unreadable or (prose == "unverified" and prose_only):
             verdicts.append("unverified")
             if first_unverified is None:
                 first_unverified = index

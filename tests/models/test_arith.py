@@ -365,3 +365,28 @@ def test_an_expression_without_a_result_asserts_its_value() -> None:
     assert (check.status, check.wrong_step, check.verdicts) == ("unknown", 1, ("unverified", "wrong"))
     on_chain = check_steps(TOM, ["He has 3 + 4 apples.", "2 * 5 = 11", "The final answer is: 18"])
     assert (on_chain.status, on_chain.first_error_step) == ("exact", 1)
+
+
+def test_a_fraction_in_latex_is_a_division() -> None:
+    [equation] = find_equations(r"$\frac{10}{2} \cdot 39 = 195$")
+    assert equation.holds
+    [false] = find_equations(r"$\dfrac{12}{4} = 4$")
+    assert not false.holds
+
+
+def test_an_unreadable_side_is_no_verdict_on_the_equation() -> None:
+    # "10 2 * 39" is not an expression (two numbers side by side): neither true nor false, unverified.
+    check = check_steps(TOM, ["So 3 4 * 2 = 7.", "3 + 4 = 8", "The final answer is: 8"])
+    assert (check.status, check.wrong_step) == ("unknown", 1)
+
+
+def test_a_square_of_a_number_the_question_states_twice_is_not_invented() -> None:
+    chain = ArithChain(numbers=(4, 4, 18), steps=(ChainStep("*", 4, 4, 16), ChainStep("+", 16, 18, 34)))
+    check = check_steps(chain, ["4 times 4 is 16 apples.", "16 + 18 = 35", "The final answer is: 35"])
+    assert (check.status, check.first_error_step) == ("exact", 1)
+    # With a single 4 in the question, 4 * 4 is not one operation on known numbers, but it is the
+    # next result of the chain here, so it is not called invented either.
+    single = ArithChain(numbers=(4, 18), steps=(ChainStep("*", 4, 4, 16), ChainStep("+", 16, 18, 34)))
+    assert check_steps(single, ["He has 16 now.", "16 + 18 = 35"]).first_error_step == 1
+    # 8 = 4 + 4 needs two 4s: invented when the question has one.
+    assert check_steps(single, ["He has 8 now."]).first_error_step == 0
