@@ -641,6 +641,23 @@ def _bare_expression_values(text: str) -> list[Fraction]:
     return values
 
 
+_RESULT_CUE_RE = re.compile(
+    # a number after a cue word, in the same clause, not the start of an expression ...
+    r"\b(?:total|left|now|in all|altogether|remaining|remain)\b[^.,;:!?\n]{0,40}?\$?"
+    r"(\d+(?:\.\d+)?)(?![\d.]*\s*[+\-*/x×=])"
+    # ... or before one ("2 stickers left", "12 apples in total", "20 books now")
+    r"|(\d+(?:\.\d+)?)\s+(?:[a-z]+\s+)?(?:left|remaining|in all|altogether|in total|now)\b",
+    flags=re.IGNORECASE,
+)
+
+
+def _result_claims(text: str) -> list[Fraction]:
+    """Numbers ``text`` presents as the outcome of something (after "total", "left", "now", ...,
+    or before "left" / "in total"), not part of an equation or expression."""
+    text = _STEP_LABEL_RE.sub(" ", text)
+    return [parse_number(m.group(1) or m.group(2)) for m in _RESULT_CUE_RE.finditer(text)]
+
+
 _NUMBER_WORDS = {
     word: value
     for value, word in enumerate(
@@ -779,7 +796,9 @@ def check_steps(
       the final answer in the first step, or a bare constant such as "0 cookies", is not vouched for);
     - *unverified* otherwise (correct arithmetic that leaves the reference chain: a valid regrouping
       or a wrong operation, which arithmetic alone cannot tell apart; an expression written without
-      a result, such as ``3 + 1 books``, counts as deriving its value).
+      a result, such as ``3 + 1 books``, counts as deriving its value; so does a number presented as
+      an outcome, "the total is 5", "I'll have 2 left", "she now has 4", when it is a question number
+      rather than a result).
 
     Verdict: the first wrong step is the first error, ``status="exact"``, when every step before it is
     verified; if an unverified step comes first, ``status="unknown"`` (``wrong_step`` still says where
@@ -868,6 +887,10 @@ def check_steps(
         fresh = [n for n in (*derived, *_bare_expression_values(step)) if n not in on_chain]
         words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
         fresh += [n for n in (*stated, *words) if n not in stateable]
+        # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
+        # result (of the chain or of this solution's equations), not a restated question number.
+        results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
+        fresh += [n for n in _result_claims(step) if n not in results and answer is None]
         prose_only = not equations and not stated and answer is None
         if fresh or unreadable or (prose == "unverified" and prose_only):
             verdicts.append("unverified")

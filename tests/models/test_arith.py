@@ -390,3 +390,23 @@ def test_a_square_of_a_number_the_question_states_twice_is_not_invented() -> Non
     assert check_steps(single, ["He has 16 now.", "16 + 18 = 35"]).first_error_step == 1
     # 8 = 4 + 4 needs two 4s: invented when the question has one.
     assert check_steps(single, ["He has 8 now."]).first_error_step == 0
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "The total number of apples Tom has is $3$.",
+        "He gives some away, so he has 4 apples left.",
+        "Tom has 3 apples now.",
+    ],
+)
+def test_a_question_number_claimed_as_a_result_is_not_vouched_for(claim: str) -> None:
+    check = check_steps(TOM, [claim, "3 + 4 = 8", "The final answer is: 8"])
+    assert (check.status, check.wrong_step) == ("unknown", 1)
+
+
+def test_a_result_claimed_as_a_result_is_fine() -> None:
+    steps = ["3 + 4 = 7, so he now has 7 apples.", "2 * 5 = 10", "He has 17 apples in total.", "The answer is 17"]
+    assert (check_steps(TOM, steps).status, check_steps(TOM, steps).first_error_step) == ("exact", None)
+    restated = ["Tom has 3 apples and buys 4 more.", "3 + 4 = 8", "The final answer is: 8"]
+    assert check_steps(TOM, restated).first_error_step == 1
