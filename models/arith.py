@@ -735,6 +735,25 @@ def _as_chain(chain: ArithChain | Mapping[str, Any]) -> ArithChain:
     return chain if isinstance(chain, ArithChain) else ArithChain.from_json(chain)
 
 
+def _single_operation(equation: Equation) -> tuple[str, Fraction, Fraction] | None:
+    """``(op, a, b)`` when the equation computes one operation ``a op b`` (``2(5)`` is ``*``)."""
+    operands = equation.operands()
+    if len(operands) != 2:
+        return None
+    side = next(side for side in equation.sides if _has_operator(side))
+    ops = [t for t in side[1:] if t in ("+", "-", "*", "/")]
+    return (str(ops[0]) if ops else "*", operands[0], operands[1])
+
+
+def _same_operation(single: tuple[str, Fraction, Fraction], step: ChainStep) -> bool:
+    """Whether ``a op b`` is the chain step (either order for ``+`` and ``*``)."""
+    op, a, b = single
+    left, right = Fraction(step.left), Fraction(step.right)
+    if op != step.op:
+        return False
+    return (a, b) == (left, right) or (op in ("+", "*") and (b, a) == (left, right))
+
+
 def _one_operation(values: Sequence[Fraction]) -> set[Fraction]:
     """Every ``a op b`` for two known numbers at different positions of ``values`` (so ``4 * 4`` only
     when 4 is known twice; constants are left out by the caller: ``x + 1`` would make every
@@ -773,7 +792,7 @@ def check_steps(
     steps: Sequence[str],
     *,
     constants: Iterable[int] = DEFAULT_CONSTANTS,
-    prose: Literal["unverified", "neutral"] = "unverified",
+    strictness: Literal["equations", "numbers", "lenient"] = "equations",
 ) -> StepCheck:
     """Find the first wrong step of a solution to an arithmetic question, exactly, or say "unknown".
 
@@ -789,8 +808,10 @@ def check_steps(
       or it states, outside any equation, a number that is not known and that no single operation on
       two known numbers gives (an invented number), or it states a final answer other than the gold
       one (``The final answer is: 8``, ``\\boxed{8}``);
-    - *verified* if it is not wrong, every number it derives with an equation is on the reference
-      chain (a number of the question or a result of the reference chain), and every number it
+    - *verified* if it is not wrong, every equation with one operation is a step of the reference
+      chain (same operation, same operands, either order for ``+`` and ``*``) whose operands are at
+      hand, every longer expression reaches a value of the chain, and
+      every number it
       states without one is a number of the question, an earlier result, or the result of a
       reference step whose operands are already known (a value stated before it can be had, such as
       the final answer in the first step, or a bare constant such as "0 cookies", is not vouched for);
@@ -806,15 +827,24 @@ def check_steps(
     every step is verified, the gold answer is stated and at least one equation was read;
     ``"unknown"`` otherwise (no equation at all, no answer stated, or an unverified step).
 
-    What the checker does not see. It checks quantities, not words. A step that states no number at
-    all (``"I can't know how many he had"``, ``"We should multiply them"``) is therefore *unverified*
-    by default, so no error after it is claimed exact; ``prose="neutral"`` counts such steps as
-    verified instead (the looser reading "first arithmetic error"). On SmolLM2-135M's solutions to
-    levels 1-5, a hand check of 14 errors located under ``"neutral"`` found the true first error in
-    about 8; the errors the default still locates were right in about 5 of 6 (see
-    ``flows/evals/arith.py``). A step that misuses known numbers in words (``"Tom has 20 books now"``
-    after giving 13 away) still passes as verified. Number words (``two``, ``twelve``) are not read
-    as numbers; a step with one that is not on the chain is unverified.
+    What the checker does not see, and ``strictness``. It checks quantities, not words, so a sentence
+    can be false with every number in it right ("Ella has 30 cards" when Anna has them, "she is 3
+    years old" when she is 9). Which steps without an equation it vouches for is therefore a choice:
+
+    - ``"equations"`` (default): only a step with an equation (all of its equations true, operands
+      at hand, results on the chain) or one that states the gold answer is verified; restatements
+      and prose are unverified. An error is located exactly only after steps that each showed
+      correct work, or in the first step.
+    - ``"numbers"``: also a step whose stated numbers are all question numbers or results that can
+      be had by now; a step with no number at all is unverified.
+    - ``"lenient"``: also a step with no number at all ("the first arithmetic error").
+
+    Measured on SmolLM2-135M's step_k solutions to levels 1-5 (hand check of the located errors,
+    ``flows/evals/arith.py``): under ``"numbers"`` the located step was the first error in about 24
+    of 37 (all 14 located at step 0, 10 of 23 later); ``"lenient"`` locates more and fewer of them
+    right; ``"equations"`` keeps mostly the step-0 ones and those after verified equations. Number
+    words (``two``, ``twelve``) are not read as numbers; a step with one that is not on the chain is
+    unverified.
 
     Numbers are read with ``1,000`` -> 1000, ``$5`` -> 5, ``5.0`` -> 5; ``x``, ``×``, ``*``,
     ``\\times``, ``\\cdot`` multiply; ``÷``, ``/`` and ``\\div`` divide; ``Step 3:`` labels and
@@ -837,6 +867,7 @@ def check_steps(
         wrong: str | None = None
         derived: list[Fraction] = []
         unreadable = False
+        off_chain: list[Fraction] = []
         for equation in equations:
             if None in equation.values():
                 # A side that is not a well-formed expression ("10 2 * 39"): read wrongly, so no verdict.
@@ -853,6 +884,19 @@ def check_steps(
                     "which is neither in the question nor derived"
                 )
                 break
+            # One operation must be a step of the reference chain whose operands are at hand
+            # ("3 * 3 = 9" is not, when 9 is the answer of 3 * 4 - 3); a longer expression may
+            # reach any value of the chain ("3 + 4 + 5 = 12").
+            have = known | set(derived)
+            at_hand = [c for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= have]
+            single = _single_operation(equation)
+            vouched = (
+                any(_same_operation(single, c) for c in at_hand)
+                if single is not None
+                else all(r in on_chain for r in equation.results())
+            )
+            if not vouched:
+                off_chain.extend(equation.results())
             derived.extend(equation.results())
         answer = _final_answer(step)
         stated = [] if answer is not None else _stated_numbers(step)
@@ -884,7 +928,7 @@ def check_steps(
                 equation_count,
             )
         stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
-        fresh = [n for n in (*derived, *_bare_expression_values(step)) if n not in on_chain]
+        fresh = off_chain + [n for n in _bare_expression_values(step) if n not in on_chain]
         words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
         fresh += [n for n in (*stated, *words) if n not in stateable]
         # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
@@ -892,7 +936,13 @@ def check_steps(
         results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
         fresh += [n for n in _result_claims(step) if n not in results and answer is None]
         prose_only = not equations and not stated and answer is None
-        if fresh or unreadable or (prose == "unverified" and prose_only):
+        unchecked = {
+            "lenient": False,
+            "numbers": prose_only,
+            # Only an equation, or the gold answer, vouches for a step: restatements do not.
+            "equations": not equations and answer is None,
+        }[strictness]
+        if fresh or unreadable or unchecked:
             verdicts.append("unverified")
             if first_unverified is None:
                 first_unverified = index

@@ -13,9 +13,8 @@ and :func:`~prmloop.models.grading.grade`) and runs the exact checker
 Per level it reports: ``accuracy`` (correct solutions / sampled), ``pass_at_k`` (questions with at
 least one correct solution: the ones MC annotation can label), ``exact_first_error_fraction`` (among
 solutions that are not correct, the fraction whose first wrong step the checker locates exactly),
-``exact_first_error_fraction_lenient`` (the same with steps that state no number counted as verified
-rather than unverified: more located errors, fewer of them right; see
-:func:`~prmloop.models.arith.check_steps`),
+``exact_first_error_fraction_numbers`` / ``_lenient`` (the same under the checker's looser readings,
+which locate more errors and fewer of them right; see :func:`~prmloop.models.arith.check_steps`),
 ``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
 ``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
 
@@ -223,18 +222,21 @@ def measure_arith_levels(
 
 
 def _check_fields(chain: Any, steps: list[str]) -> dict[str, Any]:
-    """The checker's verdict as report fields; ``*_lenient``: steps without numbers count as verified."""
+    """The checker's verdict as report fields: the default (``strictness="equations"``) and, with a
+    suffix, the looser ``numbers`` and ``lenient`` readings (see :func:`~prmloop.models.arith.check_steps`)."""
     check = check_steps(chain, steps)
-    lenient = check_steps(chain, steps, prose="neutral")
-    return {
+    fields: dict[str, Any] = {
         "check_status": check.status,
         "first_error_step": check.first_error_step,
         "wrong_step": check.wrong_step,
         "check_reason": check.reason,
         "verdicts": list(check.verdicts),
-        "check_status_lenient": lenient.status,
-        "first_error_step_lenient": lenient.first_error_step,
     }
+    for strictness in ("numbers", "lenient"):
+        other = check_steps(chain, steps, strictness=strictness)
+        fields[f"check_status_{strictness}"] = other.status
+        fields[f"first_error_step_{strictness}"] = other.first_error_step
+    return fields
 
 
 def recheck(result: dict[str, Any]) -> dict[str, Any]:
@@ -275,11 +277,13 @@ def _summarise(
     wrong_answer = [r for r in not_correct if r["answer"] is not None]
     located = [r for r in not_correct if r["check_status"] == "exact" and r["first_error_step"] is not None]
     verified = [r for r in correct if r["check_status"] == "exact" and r["first_error_step"] is None]
-    located_lenient = [
-        r
-        for r in not_correct
-        if r.get("check_status_lenient") == "exact" and r.get("first_error_step_lenient") is not None
-    ]
+    located_by = {
+        strictness: sum(
+            r.get(f"check_status_{strictness}") == "exact" and r.get(f"first_error_step_{strictness}") is not None
+            for r in not_correct
+        )
+        for strictness in ("numbers", "lenient")
+    }
     solved = {r["question_id"] for r in correct}
     return {
         "level": level,
@@ -294,7 +298,8 @@ def _summarise(
         "no_answer": len(not_correct) - len(wrong_answer),
         "exact_first_error": len(located),
         "exact_first_error_fraction": _rate(len(located), len(not_correct)),
-        "exact_first_error_fraction_lenient": _rate(len(located_lenient), len(not_correct)),
+        "exact_first_error_fraction_numbers": _rate(located_by["numbers"], len(not_correct)),
+        "exact_first_error_fraction_lenient": _rate(located_by["lenient"], len(not_correct)),
         "exact_first_error_fraction_wrong_answer": _rate(
             sum(r["first_error_step"] is not None and r["check_status"] == "exact" for r in wrong_answer),
             len(wrong_answer),

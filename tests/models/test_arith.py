@@ -281,7 +281,7 @@ def test_a_right_answer_after_an_off_chain_step_is_unknown_not_all_correct() -> 
     # 14 is not on the chain (a regrouping that happens to work); the checker does not vouch for it.
     check = check_steps(TOM, steps)
     assert (check.status, check.first_error_step) == ("unknown", None)
-    assert check.verdicts == ("verified", "unverified", "verified", "verified")
+    assert check.verdicts == ("verified", "unverified", "unverified", "verified")
 
 
 def test_using_a_result_before_it_is_derived_is_an_invented_number() -> None:
@@ -333,15 +333,34 @@ def test_a_number_word_off_the_chain_makes_the_step_unverified() -> None:
     assert (check.status, check.first_error_step, check.wrong_step) == ("unknown", None, 1)
 
 
-def test_a_step_without_numbers_is_unverified_unless_prose_is_neutral() -> None:
-    # Step 0 is a false claim in words: the checker cannot read it, so by default it does not vouch for
-    # it, and the false equation after it is found but not claimed as the first error.
-    steps = ["I cannot know how many apples he has.", "3 + 4 = 8", "The final answer is: 8"]
+def test_which_steps_without_equations_are_vouched_for_depends_on_strictness() -> None:
+    # Step 0 is a false claim in words; step 1 restates the question. By default only equations vouch
+    # for a step, so the false equation in step 2 is found but not claimed as the first error.
+    steps = ["I cannot know how many apples he has.", "Tom has 3 apples.", "3 + 4 = 8", "The final answer is: 8"]
     strict = check_steps(TOM, steps)
-    assert (strict.status, strict.first_error_step, strict.wrong_step) == ("unknown", None, 1)
-    assert strict.verdicts == ("unverified", "wrong")
-    lenient = check_steps(TOM, steps, prose="neutral")
-    assert (lenient.status, lenient.first_error_step) == ("exact", 1)
+    assert (strict.status, strict.first_error_step, strict.wrong_step) == ("unknown", None, 2)
+    assert strict.verdicts == ("unverified", "unverified", "wrong")
+    numbers = check_steps(TOM, steps[1:], strictness="numbers")
+    assert (numbers.status, numbers.first_error_step) == ("exact", 1)
+    assert check_steps(TOM, steps, strictness="numbers").status == "unknown"
+    lenient = check_steps(TOM, steps, strictness="lenient")
+    assert (lenient.status, lenient.first_error_step) == ("exact", 2)
+
+
+def test_an_error_in_the_first_step_is_exact_at_any_strictness() -> None:
+    for strictness in ("equations", "numbers", "lenient"):
+        check = check_steps(TOM, ["Tom has 3 apples and buys 4, so 3 + 4 = 8."], strictness=strictness)
+        assert (check.status, check.first_error_step) == ("exact", 0)
+
+
+def test_one_operation_must_be_a_chain_step_at_hand() -> None:
+    # 2 * 5 = 10 is at hand from the start; 7 + 10 = 17 only once 7 and 10 are.
+    assert check_steps(TOM, ["2 * 5 = 10", "3 + 4 = 7", "7 + 10 = 17", "The answer is 17"]).status == "exact"
+    # 5 + 2 = 7 is true and 7 is on the chain, but it is not the chain's 3 + 4: not vouched for.
+    check = check_steps(TOM, ["5 + 2 = 7", "7 + 10 = 18"])
+    assert (check.status, check.verdicts) == ("unknown", ("unverified", "wrong"))
+    # A longer expression may reach a later value of the chain in one go.
+    assert check_steps(TOM, ["3 + 4 + 2 * 5 = 17", "The final answer is: 17"]).status == "exact"
 
 
 def test_a_result_stated_before_it_can_be_had_is_not_vouched_for() -> None:
@@ -351,7 +370,9 @@ def test_a_result_stated_before_it_can_be_had_is_not_vouched_for() -> None:
     check = check_steps(chain, ["So he has 5 apples.", "6 + 2 = 9", "The final answer is: 6"])
     assert (check.status, check.wrong_step, check.verdicts) == ("unknown", 1, ("unverified", "wrong"))
     # Stating the next result of the chain is fine: 6 + 2 can be had from the question.
-    assert check_steps(chain, ["He has 8 apples now.", "8 - 3 = 5", "The final answer is: 5"]).status == "exact"
+    steps = ["He has 8 apples now.", "8 - 3 = 5", "The final answer is: 5"]
+    assert check_steps(chain, steps, strictness="numbers").status == "exact"
+    assert check_steps(chain, steps).status == "unknown"  # by default a restatement vouches for nothing
 
 
 def test_a_bare_constant_stated_as_a_quantity_is_not_vouched_for() -> None:
@@ -363,7 +384,7 @@ def test_an_expression_without_a_result_asserts_its_value() -> None:
     # "3 + 1" is not an equation, but it claims Tom has 4 apples: off the chain, so not vouched for.
     check = check_steps(TOM, ["He must have 3 + 1 apples.", "3 + 4 = 8", "The final answer is: 8"])
     assert (check.status, check.wrong_step, check.verdicts) == ("unknown", 1, ("unverified", "wrong"))
-    on_chain = check_steps(TOM, ["He has 3 + 4 apples.", "2 * 5 = 11", "The final answer is: 18"])
+    on_chain = check_steps(TOM, ["He has 3 + 4 apples.", "2 * 5 = 11", "The final answer is: 18"], strictness="numbers")
     assert (on_chain.status, on_chain.first_error_step) == ("exact", 1)
 
 
@@ -382,12 +403,14 @@ def test_an_unreadable_side_is_no_verdict_on_the_equation() -> None:
 
 def test_a_square_of_a_number_the_question_states_twice_is_not_invented() -> None:
     chain = ArithChain(numbers=(4, 4, 18), steps=(ChainStep("*", 4, 4, 16), ChainStep("+", 16, 18, 34)))
-    check = check_steps(chain, ["4 times 4 is 16 apples.", "16 + 18 = 35", "The final answer is: 35"])
+    check = check_steps(
+        chain, ["4 times 4 is 16 apples.", "16 + 18 = 35", "The final answer is: 35"], strictness="numbers"
+    )
     assert (check.status, check.first_error_step) == ("exact", 1)
     # With a single 4 in the question, 4 * 4 is not one operation on known numbers, but it is the
     # next result of the chain here, so it is not called invented either.
     single = ArithChain(numbers=(4, 18), steps=(ChainStep("*", 4, 4, 16), ChainStep("+", 16, 18, 34)))
-    assert check_steps(single, ["He has 16 now.", "16 + 18 = 35"]).first_error_step == 1
+    assert check_steps(single, ["He has 16 now.", "16 + 18 = 35"], strictness="numbers").first_error_step == 1
     # 8 = 4 + 4 needs two 4s: invented when the question has one.
     assert check_steps(single, ["He has 8 now."]).first_error_step == 0
 
@@ -407,6 +430,7 @@ def test_a_question_number_claimed_as_a_result_is_not_vouched_for(claim: str) ->
 
 def test_a_result_claimed_as_a_result_is_fine() -> None:
     steps = ["3 + 4 = 7, so he now has 7 apples.", "2 * 5 = 10", "He has 17 apples in total.", "The answer is 17"]
-    assert (check_steps(TOM, steps).status, check_steps(TOM, steps).first_error_step) == ("exact", None)
+    check = check_steps(TOM, steps, strictness="numbers")
+    assert (check.status, check.first_error_step) == ("exact", None)
     restated = ["Tom has 3 apples and buys 4 more.", "3 + 4 = 8", "The final answer is: 8"]
-    assert check_steps(TOM, restated).first_error_step == 1
+    assert check_steps(TOM, restated, strictness="numbers").first_error_step == 1
