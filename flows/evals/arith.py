@@ -42,10 +42,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from prmloop.models.answers import extract_answer
 from prmloop.models.arith import FEW_SHOT_EXAMPLES, check_steps, generate_question, level_spec
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.registry import BackendConfig, build_backend
-from prmloop.models.grading import extract_answer, grade
+from prmloop.models.grading import grade
 from prmloop.models.prompts import (
     EPICPRM_RESPONSE_PREFIX,
     EPICPRM_SYSTEM_PROMPT,

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prmloop.models.answers import extract_answer
 from prmloop.models.arith import (
     LEVELS,
     ArithChain,
@@ -21,7 +22,7 @@ from prmloop.models.arith import (
     parse_number,
     reference_solution,
 )
-from prmloop.models.grading import extract_answer, grade
+from prmloop.models.grading import grade
 
 # "Tom has 3 apples. He buys 4 more apples. Then he buys 2 bags with 5 apples in each bag."
 # Reference chain: 3 + 4 = 7, 2 * 5 = 10, 7 + 10 = 17.

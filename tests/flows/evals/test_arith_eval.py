@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from prmloop.flows.evals.arith import arith_few_shot_prompt, measure_arith_levels, recheck, write_report
+from prmloop.models.answers import extract_answer
 from prmloop.models.arith import FEW_SHOT_EXAMPLES, find_equations, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS, BackendConfig
-from prmloop.models.grading import extract_answer
 from prmloop.models.prompts import EPICPRM_RESPONSE_PREFIX
 
 
