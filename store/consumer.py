@@ -6,8 +6,16 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
   ``<topic>.dlq`` with the error and its origin in headers, and the stream continues.
 * The handler receives a batch and must make its effect durable (and idempotent by ``event_id``)
   before returning. Only then are the offsets committed.
-* A handler exception is transient: the same batch is retried with exponential backoff and nothing
-  is committed until it succeeds. Records the handler declares permanently bad are dead-lettered.
+* A record that fails for a reason that will never change goes to ``<topic>.dlq`` and the stream
+  moves on, whatever the exception: any decode failure (a RecursionError of a record nested 100,000
+  levels, a serialisation error, a MemoryError), an event of one type on another type's topic, a
+  record the handler rejects. A record too big for the dead-letter topic is replaced there by a
+  truncated copy with its sha256 digest, size and origin in headers.
+* Only transient handler errors (:func:`is_transient`: broker, network, disk, database I/O, a model
+  server's connection errors) are retried with exponential backoff, and nothing is committed until
+  the batch succeeds. Any other handler exception is a poison record in the batch: the batch is
+  split in halves, recursively, the good halves processed and the failing single records
+  dead-lettered, so no input can make a service exit or retry forever.
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
@@ -15,6 +23,7 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import signal
 import threading
@@ -26,16 +35,18 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
+import duckdb
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CommitFailedError, KafkaError
+from kafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 from kafka.structs import OffsetAndMetadata
 
 from prmloop.store.codec import DecodeError, decode_stored_form
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
+from prmloop.store.limits import DLQ_TRUNCATED_BYTES
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import DLQ_SUFFIX, dlq_topic
+from prmloop.store.topics import DLQ_SUFFIX, TOPIC_OF, dlq_topic
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +78,61 @@ class RuntimeStats:
 BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
 
 
+class TransientError(Exception):
+    """Raise (or chain) this from a handler for a failure that may pass: the batch is retried."""
+
+
+#: Exceptions that may pass by themselves: the batch is retried, never dead-lettered. ``OSError``
+#: covers connection errors, timeouts, a full disk and ``StoreLocked``.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    TransientError,
+    KafkaError,
+    OSError,
+    duckdb.IOException,
+    duckdb.ConnectionException,
+    duckdb.TransactionException,
+    duckdb.OutOfMemoryException,
+)
+
+#: Names of transient exception classes of HTTP clients a model backend may use (httpx, openai,
+#: requests-like); matched by name so the store does not import them.
+TRANSIENT_ERROR_NAMES = frozenset(
+    {
+        "APIConnectionError",
+        "APITimeoutError",
+        "RateLimitError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "TransportError",
+        "ConnectError",
+        "ReadTimeout",
+        "WriteTimeout",
+        "ConnectTimeout",
+        "PoolTimeout",
+        "RemoteProtocolError",
+        "TimeoutException",
+    }
+)
+
+
+def is_transient(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) may pass by itself, so retrying helps."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, TRANSIENT_ERRORS + extra):
+            return True
+        if any(cls.__name__ in TRANSIENT_ERROR_NAMES for cls in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _one_line(exc: BaseException, limit: int = 500) -> str:
+    return f"{type(exc).__name__}: " + " ".join(str(exc).split())[:limit]
+
+
 class ConsumerRuntime:
     """Poll, decode, hand a batch to ``handler``, dead-letter poison, commit after the effect.
 
@@ -93,6 +159,8 @@ class ConsumerRuntime:
         pause_after_s: float = 1.0,
         dlq_producer: EventProducer | None = None,
         name: str | None = None,
+        transient_errors: tuple[type[BaseException], ...] = (),
+        check_topic: bool = True,
     ) -> None:
         self.topics = list(topics)
         self.group_id = group_id
@@ -104,6 +172,10 @@ class ConsumerRuntime:
         self.backoff_max_s = backoff_max_s
         self.pause_after_s = pause_after_s
         self.name = name or group_id
+        #: Handler exceptions retried besides :data:`TRANSIENT_ERRORS`.
+        self.transient_errors = transient_errors
+        #: Dead-letter an event read from a known event topic other than its type's topic.
+        self.check_topic = check_topic
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._kafka = kafka or KafkaSettings()
@@ -251,31 +323,57 @@ class ConsumerRuntime:
     # --------------------------------------------------------------------------------------- processing
 
     def _process(self, records: list[ConsumerRecord]) -> None:
+        """Decode, dead-letter what can never be valid, run the handler on the rest, commit.
+
+        Dead letters are sent before the handler's effect (and the commit), so a crash in between
+        repeats a dead letter at worst, never loses one.
+        """
         good: list[ConsumedEvent] = []
         poison: list[tuple[ConsumerRecord, str, str]] = []
+        known_topics = set(TOPIC_OF.values())
         for rec in records:
             if rec.topic.endswith(DLQ_SUFFIX):
                 continue
             try:
                 event, body = decode_stored_form(rec.value if rec.value is not None else b"")
-            except DecodeError as exc:
-                poison.append((rec, type(exc).__name__, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - decoding depends only on the bytes: never transient
+                poison.append(
+                    (rec, type(exc).__name__, _one_line(exc) if not isinstance(exc, DecodeError) else str(exc))
+                )
+                continue
+            if self.check_topic and rec.topic in known_topics and event.topic != rec.topic:
+                reason = (
+                    f"a {event.event_type} event ({event.event_id}) was published on {rec.topic}; "
+                    f"its topic is {event.topic}"
+                )
+                poison.append((rec, "WrongTopic", reason))
                 continue
             good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
+        for rec, kind, reason in poison:
+            if not self._dead_letter(rec, kind, reason):
+                return  # stopped while the broker was unreachable: commit nothing, redeliver later
         by_position = {(r.topic, r.partition, r.offset): r for r in records}
         rejected = self._run_handler(good)
         if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
             return
-        for consumed, reason in rejected:
-            poison.append((by_position[(consumed.topic, consumed.partition, consumed.offset)], "Rejected", reason))
-        for rec, kind, reason in poison:
-            self._dead_letter(rec, kind, reason)
+        for consumed, kind, reason in rejected:
+            rec = by_position[(consumed.topic, consumed.partition, consumed.offset)]
+            if not self._dead_letter(rec, kind, reason):
+                return
         self._commit(records)
         self.stats.batches += 1
         self.stats.events += len(good) - len(rejected)
-        self.stats.dead_lettered += len(poison)
+        self.stats.dead_lettered += len(poison) + len(rejected)
 
-    def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]] | None:
+    def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str, str]] | None:
+        """The records to dead-letter (with kind and reason) once the batch's effect is durable, or
+        ``None`` if the runtime stopped while a transient failure persisted.
+
+        A transient failure retries the batch with backoff. Any other exception means a record in
+        the batch can never be processed: the batch is split in halves (in order) and each half run
+        the same way, down to single records, which are then dead-lettered with the exception. A
+        handler's effect is idempotent, so running part of a batch again is harmless.
+        """
         if not batch:
             return []
         delay = self.backoff_initial_s
@@ -283,13 +381,34 @@ class ConsumerRuntime:
             future = self._executor.submit(self.handler, batch)
             self._wait_polling(future)
             try:
-                return list(future.result() or [])
-            except Exception as exc:  # noqa: BLE001 - a handler failure is transient by contract
+                return [(c, "Rejected", reason) for c, reason in (future.result() or [])]
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if not is_transient(exc, self.transient_errors):
+                    return self._isolate_poison(batch, exc)
                 self.stats.retries += 1
                 log.warning("%s: batch of %d failed (%r); retrying in %.1fs", self.name, len(batch), exc, delay)
                 if self._stop.wait(delay):
                     return None
                 delay = min(delay * 2, self.backoff_max_s)
+
+    def _isolate_poison(
+        self, batch: list[ConsumedEvent], exc: Exception
+    ) -> list[tuple[ConsumedEvent, str, str]] | None:
+        if len(batch) == 1:
+            c = batch[0]
+            log.error("%s: %s:%d@%d cannot be processed: %r", self.name, c.topic, c.partition, c.offset, exc)
+            return [(c, type(exc).__name__, _one_line(exc))]
+        log.warning(
+            "%s: batch of %d failed permanently (%r); splitting it to find the record", self.name, len(batch), exc
+        )
+        middle = len(batch) // 2
+        out: list[tuple[ConsumedEvent, str, str]] = []
+        for half in (batch[:middle], batch[middle:]):
+            rejected = self._run_handler(half)
+            if rejected is None:
+                return None
+            out.extend(rejected)
+        return out
 
     def _wait_polling(self, future: Future[Any]) -> None:
         """Keep the group membership while the worker thread works.
@@ -325,12 +444,17 @@ class ConsumerRuntime:
             if paused:
                 self._consumer.resume(*(paused & set(self._consumer.assignment())))
 
-    def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> None:
+    def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> bool:
+        """Copy ``rec`` to its dead-letter topic; False if the runtime stopped before the broker took it.
+
+        A record the broker (or the producer's size limit) refuses is replaced by a truncated copy:
+        its first :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``,
+        ``dlq.original_size`` and ``dlq.truncated`` headers besides the usual origin headers.
+        """
         if self._dlq is None:
             self._dlq = EventProducer(self._bootstrap, kafka=self._kafka)
-        headers = [
-            *(rec.headers or []),
-            ("dlq.error_type", kind.encode()),
+        origin = [
+            ("dlq.error_type", kind.encode()[:200]),
             ("dlq.error", reason[:4000].encode()),
             ("dlq.topic", rec.topic.encode()),
             ("dlq.partition", str(rec.partition).encode()),
@@ -338,8 +462,48 @@ class ConsumerRuntime:
             ("dlq.consumer", self.name.encode()),
             ("dlq.failed_at", datetime.now(UTC).isoformat().encode()),
         ]
-        self._dlq.send_raw(dlq_topic(rec.topic), rec.key, rec.value, headers)
-        log.error("%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason)
+        topic = dlq_topic(rec.topic)
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                try:
+                    self._dlq.send_raw(topic, rec.key, rec.value, [*(rec.headers or []), *origin])
+                except (MessageSizeTooLargeError, RecordListTooLargeError):
+                    self._dlq.send_raw(topic, *self._truncated(rec, origin))
+                break
+            except KafkaError as exc:
+                self.stats.retries += 1
+                log.warning("%s: dead-lettering to %s failed (%r); retrying in %.1fs", self.name, topic, exc, delay)
+                if self._stop.wait(delay):
+                    return False
+                delay = min(delay * 2, self.backoff_max_s)
+        log.error("%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason[:500])
+        return True
+
+    @staticmethod
+    def _truncated(
+        rec: ConsumerRecord, origin: list[tuple[str, bytes]]
+    ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+        """Key, value and headers of the stand-in for a record too big to copy: what fits, and how to
+        recognise the original (its digest, size and position)."""
+        value = rec.value or b""
+        key = rec.key
+        if key is not None and len(key) > 1024:
+            key = hashlib.sha256(key).hexdigest().encode()
+        headers = list(rec.headers or [])
+        if sum(len(k) + len(v or b"") for k, v in headers) > 16 * 1024:
+            headers = [("dlq.original_headers_dropped", str(len(headers)).encode())]
+        return (
+            key,
+            value[:DLQ_TRUNCATED_BYTES],
+            [
+                *headers,
+                *origin,
+                ("dlq.truncated", b"true"),
+                ("dlq.original_size", str(len(value)).encode()),
+                ("dlq.original_sha256", hashlib.sha256(value).hexdigest().encode()),
+            ],
+        )
 
     def _commit(self, records: list[ConsumerRecord]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
