@@ -46,7 +46,7 @@ def test_deep_nesting_is_refused_before_parsing(depth: int) -> None:
     raw = _nest("x", depth)
     for decode in (decode_event, decode_stored_form):
         with pytest.raises(RecordTooDeep, match=f"limit of {DEFAULT_MAX_JSON_DEPTH}"):
-            decode(raw)  # type: ignore[operator]
+            decode(raw)
 
 
 def test_nesting_within_the_limit_still_decodes() -> None:
@@ -65,7 +65,7 @@ def test_an_unclosed_deep_record_is_refused_too() -> None:
 def test_brackets_inside_strings_do_not_count() -> None:
     problem = "\\left[" * 500 + '\\" {{{{{{ [[[[[ ' + "}" * 300
     event = decode_event(_question(problem))
-    assert event.payload.problem == problem  # type: ignore[union-attr]
+    assert event.payload.problem == problem
 
 
 @pytest.mark.parametrize(
@@ -99,8 +99,8 @@ def test_an_oversized_event_cannot_be_encoded_and_the_error_names_it() -> None:
     message = str(info.value)
     assert "\n" not in message
     assert "QuestionRegistered" in message and str(event.event_id) in message and "4,194,304" in message
-    assert isinstance(info.value, PublishError) and isinstance(info.value, ValueError)
     assert info.value.event_ids == (event.event_id,)
+    assert isinstance(info.value, PublishError) and isinstance(info.value, ValueError)
 
 
 @pytest.mark.parametrize("depth", [100, 1_000])
