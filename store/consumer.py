@@ -349,17 +349,16 @@ class ConsumerRuntime:
                 poison.append((rec, "WrongTopic", reason))
                 continue
             good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
-        for rec, kind, reason in poison:
-            if not self._dead_letter(rec, kind, reason):
-                return  # stopped while the broker was unreachable: commit nothing, redeliver later
+        if not self._dead_letter(poison):
+            return  # stopped while the broker was unreachable: commit nothing, redeliver later
         by_position = {(r.topic, r.partition, r.offset): r for r in records}
         rejected = self._run_handler(good)
         if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
             return
-        for consumed, kind, reason in rejected:
-            rec = by_position[(consumed.topic, consumed.partition, consumed.offset)]
-            if not self._dead_letter(rec, kind, reason):
-                return
+        if not self._dead_letter(
+            [(by_position[(c.topic, c.partition, c.offset)], kind, reason) for c, kind, reason in rejected]
+        ):
+            return
         self._commit(records)
         self.stats.batches += 1
         self.stats.events += len(good) - len(rejected)
@@ -444,41 +443,79 @@ class ConsumerRuntime:
             if paused:
                 self._consumer.resume(*(paused & set(self._consumer.assignment())))
 
-    def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> bool:
-        """Copy ``rec`` to its dead-letter topic; False if the runtime stopped before the broker took it.
+    def _dead_letter(self, poison: Sequence[tuple[ConsumerRecord, str, str]]) -> bool:
+        """Copy each poison record to its dead-letter topic with the error and its origin in headers;
+        False if the runtime stopped before the broker took them all.
 
-        A record the broker (or the producer's size limit) refuses is replaced by a truncated copy:
-        its first :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``,
-        ``dlq.original_size`` and ``dlq.truncated`` headers besides the usual origin headers.
+        The copies are sent together and then awaited (one round trip, not one per record). A record
+        the broker (or the producer's size limit) refuses is replaced by a truncated copy: its first
+        :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``, ``dlq.original_size`` and
+        ``dlq.truncated`` headers besides the usual origin headers. Broker failures are retried.
         """
+        if not poison:
+            return True
         if self._dlq is None:
             self._dlq = EventProducer(self._bootstrap, kafka=self._kafka)
-        origin = [
-            ("dlq.error_type", kind.encode()[:200]),
-            ("dlq.error", reason[:4000].encode()),
-            ("dlq.topic", rec.topic.encode()),
-            ("dlq.partition", str(rec.partition).encode()),
-            ("dlq.offset", str(rec.offset).encode()),
-            ("dlq.consumer", self.name.encode()),
-            ("dlq.failed_at", datetime.now(UTC).isoformat().encode()),
+        failed_at = datetime.now(UTC).isoformat().encode()
+        pending = [
+            (
+                rec,
+                reason,
+                [
+                    ("dlq.error_type", kind.encode()[:200]),
+                    ("dlq.error", reason[:4000].encode()),
+                    ("dlq.topic", rec.topic.encode()),
+                    ("dlq.partition", str(rec.partition).encode()),
+                    ("dlq.offset", str(rec.offset).encode()),
+                    ("dlq.consumer", self.name.encode()),
+                    ("dlq.failed_at", failed_at),
+                ],
+                False,
+            )
+            for rec, kind, reason in poison
         ]
-        topic = dlq_topic(rec.topic)
         delay = self.backoff_initial_s
         while True:
-            try:
+            futures = []
+            for rec, reason, origin, truncate in pending:
+                topic = dlq_topic(rec.topic)
+                if truncate:
+                    key, value, headers = self._truncated(rec, origin)
+                else:
+                    key, value, headers = rec.key, rec.value, [*(rec.headers or []), *origin]
+                futures.append(((rec, reason, origin, truncate), self._dlq.send_raw_async(topic, key, value, headers)))
+            retry: list[tuple[ConsumerRecord, str, list[tuple[str, bytes]], bool]] = []
+            last_error: KafkaError | None = None
+            for item, future in futures:
+                rec, reason, origin, truncate = item
                 try:
-                    self._dlq.send_raw(topic, rec.key, rec.value, [*(rec.headers or []), *origin])
-                except (MessageSizeTooLargeError, RecordListTooLargeError):
-                    self._dlq.send_raw(topic, *self._truncated(rec, origin))
-                break
-            except KafkaError as exc:
-                self.stats.retries += 1
-                log.warning("%s: dead-lettering to %s failed (%r); retrying in %.1fs", self.name, topic, exc, delay)
-                if self._stop.wait(delay):
-                    return False
-                delay = min(delay * 2, self.backoff_max_s)
-        log.error("%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason[:500])
-        return True
+                    future.get(timeout=self._dlq.timeout_s)
+                except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
+                    if truncate:  # even the truncated copy was refused: keep trying, the broker decides
+                        retry.append(item)
+                        last_error = exc
+                    else:
+                        retry.append((rec, reason, origin, True))
+                        continue
+                except KafkaError as exc:
+                    retry.append(item)
+                    last_error = exc
+                else:
+                    log.error(
+                        "%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason[:500]
+                    )
+            if not retry:
+                return True
+            pending = retry
+            if last_error is None:
+                continue  # only truncations to send: no need to wait
+            self.stats.retries += 1
+            log.warning(
+                "%s: dead-lettering %d records failed (%r); retrying in %.1fs", self.name, len(retry), last_error, delay
+            )
+            if self._stop.wait(delay):
+                return False
+            delay = min(delay * 2, self.backoff_max_s)
 
     @staticmethod
     def _truncated(

@@ -17,6 +17,8 @@ from kafka.errors import (
     RecordListTooLargeError,
     TopicAlreadyExistsError,
 )
+from kafka.producer.future import FutureProduceResult, FutureRecordMetadata
+from kafka.structs import TopicPartition
 
 from prmloop.store.codec import EventTooLarge, PublishError, UndeliverableEvent, encode_event
 from prmloop.store.events import Envelope
@@ -217,7 +219,19 @@ class EventProducer:
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         """Send one record as it is (dead-letter copies) and wait for its acknowledgement."""
-        self._producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.timeout_s)
+        self.send_raw_async(topic, key, value, headers).get(timeout=self.timeout_s)
+
+    def send_raw_async(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> FutureRecordMetadata:
+        """Send one record as it is; the returned future raises the broker's error, if any (a record
+        the client refuses before sending, e.g. above ``max_request_size``, fails the future too)."""
+        try:
+            return self._producer.send(topic, key=key, value=value, headers=headers)
+        except KafkaError as exc:
+            failed = FutureRecordMetadata(FutureProduceResult(TopicPartition(topic, -1)), -1, -1, -1, -1, -1, -1)
+            failed.failure(exc)
+            return failed
 
     def close(self) -> None:
         self._producer.close(timeout=10)
