@@ -23,7 +23,6 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import signal
 import threading
@@ -35,7 +34,6 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
-import duckdb
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
@@ -44,11 +42,13 @@ from kafka.structs import OffsetAndMetadata
 from prmloop.store.codec import DecodeError, decode_stored_form
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
-from prmloop.store.limits import DLQ_TRUNCATED_BYTES
+from prmloop.store.poison import TransientError, is_transient, one_line, truncated_copy
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import DLQ_SUFFIX, TOPIC_OF, dlq_topic
 
 log = logging.getLogger(__name__)
+
+__all__ = ["BatchHandler", "ConsumedEvent", "ConsumerRuntime", "RuntimeStats", "TransientError", "is_transient"]
 
 
 @dataclass(frozen=True)
@@ -76,61 +76,6 @@ class RuntimeStats:
 
 #: A batch handler returns the events it could never process, with the reason (they are dead-lettered).
 BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
-
-
-class TransientError(Exception):
-    """Raise (or chain) this from a handler for a failure that may pass: the batch is retried."""
-
-
-#: Exceptions that may pass by themselves: the batch is retried, never dead-lettered. ``OSError``
-#: covers connection errors, timeouts, a full disk and ``StoreLocked``.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    TransientError,
-    KafkaError,
-    OSError,
-    duckdb.IOException,
-    duckdb.ConnectionException,
-    duckdb.TransactionException,
-    duckdb.OutOfMemoryException,
-)
-
-#: Names of transient exception classes of HTTP clients a model backend may use (httpx, openai,
-#: requests-like); matched by name so the store does not import them.
-TRANSIENT_ERROR_NAMES = frozenset(
-    {
-        "APIConnectionError",
-        "APITimeoutError",
-        "RateLimitError",
-        "InternalServerError",
-        "ServiceUnavailableError",
-        "TransportError",
-        "ConnectError",
-        "ReadTimeout",
-        "WriteTimeout",
-        "ConnectTimeout",
-        "PoolTimeout",
-        "RemoteProtocolError",
-        "TimeoutException",
-    }
-)
-
-
-def is_transient(exc: BaseException, extra: tuple[type[BaseException], ...] = ()) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) may pass by itself, so retrying helps."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, TRANSIENT_ERRORS + extra):
-            return True
-        if any(cls.__name__ in TRANSIENT_ERROR_NAMES for cls in type(current).__mro__):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
-
-
-def _one_line(exc: BaseException, limit: int = 500) -> str:
-    return f"{type(exc).__name__}: " + " ".join(str(exc).split())[:limit]
 
 
 class ConsumerRuntime:
@@ -338,7 +283,7 @@ class ConsumerRuntime:
                 event, body = decode_stored_form(rec.value if rec.value is not None else b"")
             except Exception as exc:  # noqa: BLE001 - decoding depends only on the bytes: never transient
                 poison.append(
-                    (rec, type(exc).__name__, _one_line(exc) if not isinstance(exc, DecodeError) else str(exc))
+                    (rec, type(exc).__name__, one_line(exc) if not isinstance(exc, DecodeError) else str(exc))
                 )
                 continue
             if self.check_topic and rec.topic in known_topics and event.topic != rec.topic:
@@ -396,7 +341,7 @@ class ConsumerRuntime:
         if len(batch) == 1:
             c = batch[0]
             log.error("%s: %s:%d@%d cannot be processed: %r", self.name, c.topic, c.partition, c.offset, exc)
-            return [(c, type(exc).__name__, _one_line(exc))]
+            return [(c, type(exc).__name__, one_line(exc))]
         log.warning(
             "%s: batch of %d failed permanently (%r); splitting it to find the record", self.name, len(batch), exc
         )
@@ -480,7 +425,7 @@ class ConsumerRuntime:
             for rec, reason, origin, truncate in pending:
                 topic = dlq_topic(rec.topic)
                 if truncate:
-                    key, value, headers = self._truncated(rec, origin)
+                    key, value, headers = truncated_copy(rec, origin)
                 else:
                     key, value, headers = rec.key, rec.value, [*(rec.headers or []), *origin]
                 futures.append(((rec, reason, origin, truncate), self._dlq.send_raw_async(topic, key, value, headers)))
@@ -516,31 +461,6 @@ class ConsumerRuntime:
             if self._stop.wait(delay):
                 return False
             delay = min(delay * 2, self.backoff_max_s)
-
-    @staticmethod
-    def _truncated(
-        rec: ConsumerRecord, origin: list[tuple[str, bytes]]
-    ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
-        """Key, value and headers of the stand-in for a record too big to copy: what fits, and how to
-        recognise the original (its digest, size and position)."""
-        value = rec.value or b""
-        key = rec.key
-        if key is not None and len(key) > 1024:
-            key = hashlib.sha256(key).hexdigest().encode()
-        headers = list(rec.headers or [])
-        if sum(len(k) + len(v or b"") for k, v in headers) > 16 * 1024:
-            headers = [("dlq.original_headers_dropped", str(len(headers)).encode())]
-        return (
-            key,
-            value[:DLQ_TRUNCATED_BYTES],
-            [
-                *headers,
-                *origin,
-                ("dlq.truncated", b"true"),
-                ("dlq.original_size", str(len(value)).encode()),
-                ("dlq.original_sha256", hashlib.sha256(value).hexdigest().encode()),
-            ],
-        )
 
     def _commit(self, records: list[ConsumerRecord]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
