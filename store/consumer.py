@@ -42,6 +42,7 @@ from kafka.structs import OffsetAndMetadata
 from prmloop.store.codec import DecodeError, decode_stored_form
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
+from prmloop.store.limits import DLQ_TRUNCATED_BYTES
 from prmloop.store.poison import TransientError, is_transient, one_line, truncated_copy
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import DLQ_SUFFIX, TOPIC_OF, dlq_topic
@@ -117,7 +118,7 @@ class ConsumerRuntime:
         self.backoff_max_s = backoff_max_s
         self.pause_after_s = pause_after_s
         self.name = name or group_id
-        #: Handler exceptions retried besides :data:`TRANSIENT_ERRORS`.
+        #: Handler exceptions retried besides :data:`prmloop.store.poison.TRANSIENT_ERRORS`.
         self.transient_errors = transient_errors
         #: Dead-letter an event read from a known event topic other than its type's topic.
         self.check_topic = check_topic
@@ -395,7 +396,8 @@ class ConsumerRuntime:
         The copies are sent together and then awaited (one round trip, not one per record). A record
         the broker (or the producer's size limit) refuses is replaced by a truncated copy: its first
         :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``, ``dlq.original_size`` and
-        ``dlq.truncated`` headers besides the usual origin headers. Broker failures are retried.
+        ``dlq.truncated`` headers besides the usual origin headers; if even that is refused, by the
+        headers alone. Broker failures are retried.
         """
         if not poison:
             return True
@@ -415,33 +417,32 @@ class ConsumerRuntime:
                     ("dlq.consumer", self.name.encode()),
                     ("dlq.failed_at", failed_at),
                 ],
-                False,
+                0,
             )
             for rec, kind, reason in poison
         ]
         delay = self.backoff_initial_s
         while True:
             futures = []
-            for rec, reason, origin, truncate in pending:
+            for rec, reason, origin, level in pending:
                 topic = dlq_topic(rec.topic)
-                if truncate:
-                    key, value, headers = truncated_copy(rec, origin)
-                else:
+                if level == 0:
                     key, value, headers = rec.key, rec.value, [*(rec.headers or []), *origin]
-                futures.append(((rec, reason, origin, truncate), self._dlq.send_raw_async(topic, key, value, headers)))
-            retry: list[tuple[ConsumerRecord, str, list[tuple[str, bytes]], bool]] = []
+                else:  # 1: a truncated copy; 2: the headers alone (the broker refused even the truncated copy)
+                    key, value, headers = truncated_copy(rec, origin, keep=DLQ_TRUNCATED_BYTES if level == 1 else 0)
+                futures.append(((rec, reason, origin, level), self._dlq.send_raw_async(topic, key, value, headers)))
+            retry: list[tuple[ConsumerRecord, str, list[tuple[str, bytes]], int]] = []
             last_error: KafkaError | None = None
             for item, future in futures:
-                rec, reason, origin, truncate = item
+                rec, reason, origin, level = item
                 try:
                     future.get(timeout=self._dlq.timeout_s)
                 except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
-                    if truncate:  # even the truncated copy was refused: keep trying, the broker decides
-                        retry.append(item)
-                        last_error = exc
-                    else:
-                        retry.append((rec, reason, origin, True))
+                    if level < 2:
+                        retry.append((rec, reason, origin, level + 1))
                         continue
+                    retry.append(item)  # even the headers alone: a broker problem, retried like one
+                    last_error = exc
                 except KafkaError as exc:
                     retry.append(item)
                     last_error = exc
@@ -453,7 +454,7 @@ class ConsumerRuntime:
                 return True
             pending = retry
             if last_error is None:
-                continue  # only truncations to send: no need to wait
+                continue  # only smaller copies to send: no need to wait
             self.stats.retries += 1
             log.warning(
                 "%s: dead-lettering %d records failed (%r); retrying in %.1fs", self.name, len(retry), last_error, delay

@@ -126,6 +126,7 @@ class EventProducer:
         outbox: Outbox | None = None,
         linger_ms: int = 5,
         timeout_s: float = 60.0,
+        max_request_size: int = 8 * 1024 * 1024,
     ) -> None:
         self.kafka = kafka or KafkaSettings()
         self.outbox = outbox
@@ -142,7 +143,7 @@ class EventProducer:
             # One in-flight request keeps a key's events in order when a send is retried.
             max_in_flight_requests_per_connection=1,
             batch_size=256 * 1024,
-            max_request_size=8 * 1024 * 1024,
+            max_request_size=max_request_size,
         )
 
     def publish(self, events: Iterable[Envelope]) -> int:

@@ -82,10 +82,10 @@ def one_line(exc: BaseException, limit: int = 500) -> str:
 
 
 def truncated_copy(
-    rec: ConsumerRecord, origin: list[tuple[str, bytes]]
+    rec: ConsumerRecord, origin: list[tuple[str, bytes]], keep: int = DLQ_TRUNCATED_BYTES
 ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
-    """Key, value and headers of the stand-in for a record too big to copy: what fits, and how to
-    recognise the original (its digest, size and position)."""
+    """Key, value and headers of the stand-in for a record too big to copy: its first ``keep``
+    bytes, and how to recognise the original (its sha256 digest, size and position)."""
     value = rec.value or b""
     key = rec.key
     if key is not None and len(key) > 1024:
@@ -95,7 +95,7 @@ def truncated_copy(
         headers = [("dlq.original_headers_dropped", str(len(headers)).encode())]
     return (
         key,
-        value[:DLQ_TRUNCATED_BYTES],
+        value[:keep],
         [
             *headers,
             *origin,

@@ -242,3 +242,33 @@ def test_a_handler_failing_for_one_record_dead_letters_that_record_only(servers:
     assert headers["dlq.error_type"] == b"KeyError"
     assert b"qb13 breaks" in headers["dlq.error"]
     assert json.loads(dead[0].value)["correlation_id"] == "qb13"
+
+
+def test_a_dead_letter_topic_with_a_small_limit_gets_a_truncated_copy_or_the_headers_alone(servers: str) -> None:
+    """A DLQ producer limited to 32 KiB stands in for a broker with a small ``message.max.bytes``."""
+    topic = _own_topic(servers)
+    medium, large = b"m" * 40_000, b"\x00" + b"L" * 200_000
+    with EventProducer(servers) as producer:
+        for value in (b"x" * 1000, medium, large):
+            producer.send_raw(topic, b"k", value, [])
+    small_dlq = EventProducer(servers, max_request_size=32 * 1024)
+    runtime = ConsumerRuntime(
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=servers,
+        handler=lambda batch: None,
+        assign_all=True,
+        dlq_producer=small_dlq,
+    )
+    deadline = time.monotonic() + 60
+    runtime.run(
+        until=lambda: runtime.stats.dead_lettered >= 3 or time.monotonic() > deadline, install_signal_handlers=False
+    )
+    small_dlq.close()
+    dead = sorted(read_topic(servers, dlq_topic(topic), 3), key=lambda r: int(dict(r.headers)["dlq.offset"]))
+    assert [len(r.value or b"") for r in dead] == [1000, 0, 0]
+    for record, original in zip(dead[1:], (medium, large), strict=True):
+        h = dict(record.headers)
+        assert h["dlq.truncated"] == b"true"
+        assert h["dlq.original_size"] == str(len(original)).encode()
+        assert h["dlq.original_sha256"] == hashlib.sha256(original).hexdigest().encode()
