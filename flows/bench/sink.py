@@ -114,8 +114,11 @@ def bench_sink(
         if poison_fraction > 0:
             # A clean reference measured exactly like the poisoned stream (same code path, a store of
             # about the same size), right before it: the ratio compares like with like.
-            reference = _poison_phase(servers, db, group_id, n, 0.0, seed=19)
-            poison = _poison_phase(servers, db, group_id, n, poison_fraction, seed=13)
+            # Both are published in the same slices (one hostile record after each), since how records
+            # are batched on the broker changes the consumer's rate as much as the poison might.
+            chunk = max(1, round(1 / poison_fraction))
+            reference = _poison_phase(servers, db, group_id, n, 0.0, seed=19, chunk=chunk)
+            poison = _poison_phase(servers, db, group_id, n, poison_fraction, seed=13, chunk=chunk)
             poison["clean_reference_eps"] = reference["poison_sink_eps"]
         latency = _latency_phase(servers, db, group_id, rate, latency_seconds)
         stored = query(db, "SELECT count(*), count(DISTINCT event_id) FROM events").rows[0]
@@ -169,15 +172,17 @@ def _hostile_records(events: list[Envelope], count: int, seed: int) -> list[tupl
     return out
 
 
-def _poison_phase(servers: str, db: Path, group_id: str, n: int, fraction: float, *, seed: int) -> dict[str, Any]:
-    """Publish ``n`` fresh events with ``fraction`` hostile records spread among them, then time the
-    sink (set-up included, as in the clean phase) until every valid one is stored and every hostile
-    one dead-lettered or recorded as a conflict."""
+def _poison_phase(
+    servers: str, db: Path, group_id: str, n: int, fraction: float, *, seed: int, chunk: int
+) -> dict[str, Any]:
+    """Publish ``n`` fresh events in slices of ``chunk`` with ``fraction`` hostile records among them
+    (one after each slice, any rest at the end), then time the sink (set-up included, as in the
+    clean phase) until every valid one is stored and every hostile one dead-lettered or recorded as
+    a conflict."""
     events = [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(n, seed=seed)]
     hostile = _hostile_records(events, round(n * fraction), seed=seed + 4)
     expected_conflicts = sum(1 for _, key, _ in hostile if key is not None)
     expected_dead = len(hostile) - expected_conflicts
-    chunk = max(1, n // len(hostile)) if hostile else 5000
     pending = list(hostile)
     with EventProducer(servers, linger_ms=20) as producer:
         for start in range(0, n, chunk):
