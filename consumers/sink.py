@@ -1,9 +1,12 @@
 """The store sink: the only process that writes DuckDB.
 
 It reads every event topic, and for each batch runs one transaction that inserts the events
-(``INSERT OR IGNORE`` by ``event_id``, from an Arrow table) and records the consumed offsets; the
-offsets are committed to Kafka only after that transaction. Killed at any point, it loses nothing
-and duplicates nothing: a batch is either stored with its offsets or redelivered and ignored.
+(``INSERT OR IGNORE`` by ``event_id``, from an Arrow table), records conflicting duplicates (same
+``event_id``, other content) in ``conflicts``, and records the consumed offsets; the offsets are
+committed to Kafka only after that transaction. Records that can never be stored (undecodable,
+above the limits, an event on another type's topic) go to ``<topic>.dlq`` through the runtime.
+Killed at any point, it loses nothing and duplicates nothing: a batch is either stored with its
+offsets or redelivered and ignored.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class SinkStats:
     batches: int = 0
     received: int = 0
     inserted: int = 0
+    #: Records stored under an existing event_id with other content: rows added to ``conflicts``.
+    conflicts: int = 0
     open_wait_s: list[float] = field(default_factory=list)
     write_s: list[float] = field(default_factory=list)
 
@@ -72,6 +77,7 @@ class Sink:
         self.stats.batches += 1
         self.stats.received += result.received
         self.stats.inserted += result.inserted
+        self.stats.conflicts += result.conflicts
         self.stats.open_wait_s.append(result.open_wait_s)
         self.stats.write_s.append(result.write_s)
         if self.on_write is not None:
@@ -108,6 +114,11 @@ def run_sink(
     t0 = time.monotonic()
     stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
     log.info(
-        "sink stopped after %.1fs: %d inserted of %d", time.monotonic() - t0, sink.stats.inserted, sink.stats.received
+        "sink stopped after %.1fs: %d inserted of %d, %d conflicts, %d dead-lettered",
+        time.monotonic() - t0,
+        sink.stats.inserted,
+        sink.stats.received,
+        sink.stats.conflicts,
+        stats.dead_lettered,
     )
     return stats, sink.stats

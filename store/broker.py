@@ -9,17 +9,54 @@ The producers' outbox (:mod:`prmloop.store.outbox`) is what re-publishes them.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
+import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import Any
 
 from prmloop.store.settings import KafkaSettings, StateSettings
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux only).
+
+    Why: SIGTERM handlers cannot help when the parent is SIGKILLed or crashes; without this the
+    in-memory broker lives on as an orphan holding its port. The libc function is looked up here,
+    before fork, so the child only makes one system call between fork and exec. Note that Linux
+    ties the signal to the *thread* that started the child: start brokers from a long-lived thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
 
 
 class BrokerError(RuntimeError):
@@ -61,8 +98,18 @@ class EmbeddedBroker:
     topics: storage is in memory).
     """
 
-    def __init__(self, port: int | None = None, host: str = "127.0.0.1", log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: Path | None = None,
+        *,
+        die_with_parent: bool = True,
+    ) -> None:
         self.host = host
+        #: Linux: the broker gets SIGKILL when the thread that started it exits (see
+        #: :func:`_parent_death_signal`), so a killed parent never leaves an orphaned broker.
+        self.die_with_parent = die_with_parent
         self.port = port or free_port(host)
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
@@ -71,6 +118,10 @@ class EmbeddedBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     @property
     def pid(self) -> int | None:
@@ -97,7 +148,13 @@ class EmbeddedBroker:
         ]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
+            )
         finally:
             if self.log_path:
                 out.close()  # type: ignore[union-attr]
@@ -171,3 +228,66 @@ def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSe
             "or set KAFKA_BOOTSTRAP_SERVERS=host:port for a real cluster"
         )
     return servers
+
+
+def serve_embedded_broker(
+    port: int | None = None,
+    partitions: int = 4,
+    state: StateSettings | None = None,
+    on_ready: Callable[[EmbeddedBroker], None] | None = None,
+    *,
+    stop: threading.Event | None = None,
+) -> None:
+    """Run the embedded broker until SIGTERM, SIGHUP or SIGINT (or ``stop`` is set): what
+    ``prmloop broker`` does.
+
+    Starts Tansu (its log in ``$PRMLOOP_HOME/broker.log``), creates the topics with ``partitions``
+    partitions, writes ``broker.json``, calls ``on_ready(broker)``, then waits. On any of those
+    signals, or an exception, it stops the Tansu child and removes ``broker.json`` (if it still
+    names this process), so nothing stale is left; if this process is SIGKILLed instead, the child
+    dies with it (``PR_SET_PDEATHSIG``) and readers ignore the file because its port is closed.
+    Signal handlers are installed only in the main thread and restored on return.
+    """
+    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.topics import all_topic_specs
+
+    state = state or StateSettings()
+    stop = stop or threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d received: stopping the embedded broker", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            previous[sig] = signal.signal(sig, on_signal)
+    state.home.mkdir(parents=True, exist_ok=True)
+    broker = EmbeddedBroker(port=port, log_path=state.home / "broker.log")
+    try:
+        broker.start()
+        ensure_topics(broker.bootstrap_servers, all_topic_specs(partitions))
+        write_broker_file(broker, state)
+        if on_ready is not None:
+            on_ready(broker)
+        while not stop.wait(0.5):
+            if not broker.running:
+                raise BrokerError(
+                    f"the embedded broker on {broker.bootstrap_servers} exited by itself; "
+                    f"see {state.home / 'broker.log'}"
+                )
+    finally:
+        broker.stop()
+        _remove_broker_file(state)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _remove_broker_file(state: StateSettings) -> None:
+    """Remove ``broker.json`` unless another ``prmloop broker`` has replaced it since."""
+    try:
+        info = json.loads(state.broker_file.read_text())
+    except (OSError, ValueError):
+        info = {}
+    if info.get("pid") in (None, os.getpid()):
+        state.broker_file.unlink(missing_ok=True)

@@ -8,15 +8,25 @@ registered with :func:`upcaster` *before* validation, so consumers only ever see
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from prmloop.store.events import ENVELOPE_ADAPTER, PAYLOAD_TYPES, Envelope
+from prmloop.store.limits import event_limits, json_depth_exceeds
 
 __all__ = [
     "DecodeError",
+    "EventNotEncodable",
+    "EventTooDeep",
+    "EventTooLarge",
+    "PublishError",
+    "RecordTooDeep",
+    "RecordTooLarge",
+    "UndeliverableEvent",
     "UnknownEventType",
     "UnknownSchemaVersion",
     "decode_event",
@@ -72,6 +82,14 @@ class DecodeError(ValueError):
     """A record that can never become a valid event: it belongs in the dead-letter topic."""
 
 
+class RecordTooLarge(DecodeError):
+    """A record above the event size limit: refused before parsing."""
+
+
+class RecordTooDeep(DecodeError):
+    """A record nested deeper than the limit: refused before any recursive parser sees it."""
+
+
 class UnknownEventType(DecodeError):
     def __init__(self, event_type: object) -> None:
         super().__init__(
@@ -90,31 +108,129 @@ class UnknownSchemaVersion(DecodeError):
         super().__init__(f"{event_type} schema_version {version} cannot be read (current is {current}): {hint}")
 
 
+class PublishError(RuntimeError):
+    """Events were not published."""
+
+    def __init__(self, message: str, event_ids: tuple[uuid.UUID, ...] = ()) -> None:
+        super().__init__(message)
+        #: The events concerned (where known), so a caller such as reconcile can set them aside.
+        self.event_ids = event_ids
+
+
+class UndeliverableEvent(PublishError, ValueError):
+    """An event that no retry can ever deliver: refused at once, never written to the outbox."""
+
+
+class EventTooLarge(UndeliverableEvent):
+    pass
+
+
+class EventTooDeep(UndeliverableEvent):
+    pass
+
+
+class EventNotEncodable(UndeliverableEvent):
+    pass
+
+
 # ------------------------------------------------------------------------------------------------- codec
 
 
 def encode_event(event: Envelope) -> bytes:
-    """The wire format: the envelope as compact JSON (UTF-8)."""
-    return event.model_dump_json().encode()
+    """The wire format: the envelope as compact JSON (UTF-8), within the event limits.
+
+    Raises a subclass of :class:`UndeliverableEvent` (one line naming the event and the limit) for an
+    event that cannot be serialised, is larger than ``max_event_bytes`` or nested deeper than
+    ``max_json_depth``: every reader would refuse it, so it must never leave the producer.
+    """
+    limits = event_limits()
+    name = f"{event.event_type} {event.event_id} ({event.correlation_id[:80]!r})"
+    try:
+        raw = event.model_dump_json().encode()
+    except (PydanticSerializationError, RecursionError, ValueError, TypeError) as exc:
+        reason = " ".join(str(exc).split())[:300]
+        raise EventNotEncodable(
+            f"{name} cannot be serialised ({type(exc).__name__}: {reason}); fix the producer's data",
+            (event.event_id,),
+        ) from exc
+    if len(raw) > limits.max_event_bytes:
+        raise EventTooLarge(
+            f"{name} is {len(raw):,} bytes, above the limit of {limits.max_event_bytes:,} "
+            "(PRMLOOP_MAX_EVENT_BYTES); split or shorten its content",
+            (event.event_id,),
+        )
+    depth = json_depth_exceeds(raw, limits.max_json_depth)
+    if depth is not None:
+        raise EventTooDeep(
+            f"{name} is nested {depth} levels deep, above the limit of {limits.max_json_depth} "
+            "(PRMLOOP_MAX_JSON_DEPTH); flatten its content",
+            (event.event_id,),
+        )
+    return raw
+
+
+def check_record_limits(raw: bytes) -> None:
+    """Refuse ``raw`` before parsing if it breaks the size limit (checked first) or the depth limit."""
+    limits = event_limits()
+    if len(raw) > limits.max_event_bytes:
+        raise RecordTooLarge(
+            f"record is {len(raw):,} bytes, above the event limit of {limits.max_event_bytes:,} "
+            "(PRMLOOP_MAX_EVENT_BYTES)"
+        )
+    depth = json_depth_exceeds(raw, limits.max_json_depth)
+    if depth is not None:
+        raise RecordTooDeep(
+            f"record is nested at least {depth} levels deep, above the limit of {limits.max_json_depth} "
+            "(PRMLOOP_MAX_JSON_DEPTH)"
+        )
 
 
 def decode_stored_form(raw: bytes) -> tuple[Envelope, bytes]:
     """Decode ``raw`` and return it with the JSON to store: ``raw`` itself when it already is a
-    current-version event, else the upcast event re-encoded."""
+    current-version event, else the upcast event re-encoded.
+
+    Every failure is a :class:`DecodeError`, whatever raised it (a recursion or memory error of a
+    hostile record, a serialisation error, a buggy upcaster): decoding depends on nothing but the
+    bytes, so a record that fails once fails forever and belongs in the dead-letter topic.
+    """
     try:
-        return ENVELOPE_ADAPTER.validate_json(raw), raw
-    except ValidationError:
-        event = decode_event(raw)
-        return event, encode_event(event)
+        check_record_limits(raw)
+        try:
+            return ENVELOPE_ADAPTER.validate_json(raw), raw
+        except ValidationError:
+            event = decode_event(raw, checked=True)
+            return event, encode_event(event)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"record cannot be decoded ({type(exc).__name__}: {_one_line(exc)})") from exc
 
 
-def decode_event(raw: bytes | str | Mapping[str, Any]) -> Envelope:
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    return " ".join(str(exc).split())[:limit]
+
+
+def decode_event(raw: bytes | str | Mapping[str, Any], *, checked: bool = False) -> Envelope:
     """Parse, upcast and validate one event, ignoring fields this version does not know.
 
     Raises :class:`DecodeError` (with a message naming what is wrong) for anything that can never
-    be valid: not JSON, not an object, unknown type or version, failed validation.
+    be valid: above the size or depth limits, not JSON, not an object, unknown type or version,
+    failed validation. ``checked=True`` skips the limit check the caller already made.
     """
-    if isinstance(raw, bytes | str):
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if isinstance(raw, bytes) and not checked:
+        check_record_limits(raw)
+    try:
+        return _decode(raw)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"record cannot be decoded ({type(exc).__name__}: {_one_line(exc)})") from exc
+
+
+def _decode(raw: bytes | Mapping[str, Any]) -> Envelope:
+    if isinstance(raw, bytes):
         # Fast path: a current-version event validates straight from JSON in pydantic's Rust core.
         try:
             return ENVELOPE_ADAPTER.validate_json(raw)
@@ -126,7 +242,7 @@ def decode_event(raw: bytes | str | Mapping[str, Any]) -> Envelope:
         try:
             data = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            preview = raw[:80] if isinstance(raw, str) else raw[:80].decode("utf-8", "replace")
+            preview = raw[:80].decode("utf-8", "replace")
             raise DecodeError(f"record is not JSON ({exc}); starts with {preview!r}") from exc
     if not isinstance(data, dict):
         raise DecodeError(f"record is JSON but not an object: {type(data).__name__}")
@@ -141,4 +257,4 @@ def decode_event(raw: bytes | str | Mapping[str, Any]) -> Envelope:
     try:
         return ENVELOPE_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise DecodeError(f"{event_type} v{version} failed validation: {exc}") from exc
+        raise DecodeError(f"{event_type} v{version} failed validation: {_one_line(exc, 2000)}") from exc

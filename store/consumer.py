@@ -6,8 +6,16 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
   ``<topic>.dlq`` with the error and its origin in headers, and the stream continues.
 * The handler receives a batch and must make its effect durable (and idempotent by ``event_id``)
   before returning. Only then are the offsets committed.
-* A handler exception is transient: the same batch is retried with exponential backoff and nothing
-  is committed until it succeeds. Records the handler declares permanently bad are dead-lettered.
+* A record that fails for a reason that will never change goes to ``<topic>.dlq`` and the stream
+  moves on, whatever the exception: any decode failure (a RecursionError of a record nested 100,000
+  levels, a serialisation error, a MemoryError), an event of one type on another type's topic, a
+  record the handler rejects. A record too big for the dead-letter topic is replaced there by a
+  truncated copy with its sha256 digest, size and origin in headers.
+* Only transient handler errors (:func:`is_transient`: broker, network, disk, database I/O, a model
+  server's connection errors) are retried with exponential backoff, and nothing is committed until
+  the batch succeeds. Any other handler exception is a poison record in the batch: the batch is
+  split in halves, recursively, the good halves processed and the failing single records
+  dead-lettered, so no input can make a service exit or retry forever.
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
@@ -28,16 +36,20 @@ from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CommitFailedError, KafkaError
+from kafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 from kafka.structs import OffsetAndMetadata
 
 from prmloop.store.codec import DecodeError, decode_stored_form
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
+from prmloop.store.limits import DLQ_TRUNCATED_BYTES
+from prmloop.store.poison import TransientError, is_transient, one_line, truncated_copy
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import DLQ_SUFFIX, dlq_topic
+from prmloop.store.topics import DLQ_SUFFIX, TOPIC_OF, dlq_topic
 
 log = logging.getLogger(__name__)
+
+__all__ = ["BatchHandler", "ConsumedEvent", "ConsumerRuntime", "RuntimeStats", "TransientError", "is_transient"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,8 @@ class ConsumerRuntime:
         pause_after_s: float = 1.0,
         dlq_producer: EventProducer | None = None,
         name: str | None = None,
+        transient_errors: tuple[type[BaseException], ...] = (),
+        check_topic: bool = True,
     ) -> None:
         self.topics = list(topics)
         self.group_id = group_id
@@ -104,6 +118,10 @@ class ConsumerRuntime:
         self.backoff_max_s = backoff_max_s
         self.pause_after_s = pause_after_s
         self.name = name or group_id
+        #: Handler exceptions retried besides :data:`prmloop.store.poison.TRANSIENT_ERRORS`.
+        self.transient_errors = transient_errors
+        #: Dead-letter an event read from a known event topic other than its type's topic.
+        self.check_topic = check_topic
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._kafka = kafka or KafkaSettings()
@@ -251,31 +269,56 @@ class ConsumerRuntime:
     # --------------------------------------------------------------------------------------- processing
 
     def _process(self, records: list[ConsumerRecord]) -> None:
+        """Decode, dead-letter what can never be valid, run the handler on the rest, commit.
+
+        Dead letters are sent before the handler's effect (and the commit), so a crash in between
+        repeats a dead letter at worst, never loses one.
+        """
         good: list[ConsumedEvent] = []
         poison: list[tuple[ConsumerRecord, str, str]] = []
+        known_topics = set(TOPIC_OF.values())
         for rec in records:
             if rec.topic.endswith(DLQ_SUFFIX):
                 continue
             try:
                 event, body = decode_stored_form(rec.value if rec.value is not None else b"")
-            except DecodeError as exc:
-                poison.append((rec, type(exc).__name__, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - decoding depends only on the bytes: never transient
+                poison.append(
+                    (rec, type(exc).__name__, one_line(exc) if not isinstance(exc, DecodeError) else str(exc))
+                )
+                continue
+            if self.check_topic and rec.topic in known_topics and event.topic != rec.topic:
+                reason = (
+                    f"a {event.event_type} event ({event.event_id}) was published on {rec.topic}; "
+                    f"its topic is {event.topic}"
+                )
+                poison.append((rec, "WrongTopic", reason))
                 continue
             good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
+        if not self._dead_letter(poison):
+            return  # stopped while the broker was unreachable: commit nothing, redeliver later
         by_position = {(r.topic, r.partition, r.offset): r for r in records}
         rejected = self._run_handler(good)
         if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
             return
-        for consumed, reason in rejected:
-            poison.append((by_position[(consumed.topic, consumed.partition, consumed.offset)], "Rejected", reason))
-        for rec, kind, reason in poison:
-            self._dead_letter(rec, kind, reason)
+        if not self._dead_letter(
+            [(by_position[(c.topic, c.partition, c.offset)], kind, reason) for c, kind, reason in rejected]
+        ):
+            return
         self._commit(records)
         self.stats.batches += 1
         self.stats.events += len(good) - len(rejected)
-        self.stats.dead_lettered += len(poison)
+        self.stats.dead_lettered += len(poison) + len(rejected)
 
-    def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]] | None:
+    def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str, str]] | None:
+        """The records to dead-letter (with kind and reason) once the batch's effect is durable, or
+        ``None`` if the runtime stopped while a transient failure persisted.
+
+        A transient failure retries the batch with backoff. Any other exception means a record in
+        the batch can never be processed: the batch is split in halves (in order) and each half run
+        the same way, down to single records, which are then dead-lettered with the exception. A
+        handler's effect is idempotent, so running part of a batch again is harmless.
+        """
         if not batch:
             return []
         delay = self.backoff_initial_s
@@ -283,13 +326,34 @@ class ConsumerRuntime:
             future = self._executor.submit(self.handler, batch)
             self._wait_polling(future)
             try:
-                return list(future.result() or [])
-            except Exception as exc:  # noqa: BLE001 - a handler failure is transient by contract
+                return [(c, "Rejected", reason) for c, reason in (future.result() or [])]
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if not is_transient(exc, self.transient_errors):
+                    return self._isolate_poison(batch, exc)
                 self.stats.retries += 1
                 log.warning("%s: batch of %d failed (%r); retrying in %.1fs", self.name, len(batch), exc, delay)
                 if self._stop.wait(delay):
                     return None
                 delay = min(delay * 2, self.backoff_max_s)
+
+    def _isolate_poison(
+        self, batch: list[ConsumedEvent], exc: Exception
+    ) -> list[tuple[ConsumedEvent, str, str]] | None:
+        if len(batch) == 1:
+            c = batch[0]
+            log.error("%s: %s:%d@%d cannot be processed: %r", self.name, c.topic, c.partition, c.offset, exc)
+            return [(c, type(exc).__name__, one_line(exc))]
+        log.warning(
+            "%s: batch of %d failed permanently (%r); splitting it to find the record", self.name, len(batch), exc
+        )
+        middle = len(batch) // 2
+        out: list[tuple[ConsumedEvent, str, str]] = []
+        for half in (batch[:middle], batch[middle:]):
+            rejected = self._run_handler(half)
+            if rejected is None:
+                return None
+            out.extend(rejected)
+        return out
 
     def _wait_polling(self, future: Future[Any]) -> None:
         """Keep the group membership while the worker thread works.
@@ -325,21 +389,79 @@ class ConsumerRuntime:
             if paused:
                 self._consumer.resume(*(paused & set(self._consumer.assignment())))
 
-    def _dead_letter(self, rec: ConsumerRecord, kind: str, reason: str) -> None:
+    def _dead_letter(self, poison: Sequence[tuple[ConsumerRecord, str, str]]) -> bool:
+        """Copy each poison record to its dead-letter topic with the error and its origin in headers;
+        False if the runtime stopped before the broker took them all.
+
+        The copies are sent together and then awaited (one round trip, not one per record). A record
+        the broker (or the producer's size limit) refuses is replaced by a truncated copy: its first
+        :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``, ``dlq.original_size`` and
+        ``dlq.truncated`` headers besides the usual origin headers; if even that is refused, by the
+        headers alone. Broker failures are retried.
+        """
+        if not poison:
+            return True
         if self._dlq is None:
             self._dlq = EventProducer(self._bootstrap, kafka=self._kafka)
-        headers = [
-            *(rec.headers or []),
-            ("dlq.error_type", kind.encode()),
-            ("dlq.error", reason[:4000].encode()),
-            ("dlq.topic", rec.topic.encode()),
-            ("dlq.partition", str(rec.partition).encode()),
-            ("dlq.offset", str(rec.offset).encode()),
-            ("dlq.consumer", self.name.encode()),
-            ("dlq.failed_at", datetime.now(UTC).isoformat().encode()),
+        failed_at = datetime.now(UTC).isoformat().encode()
+        pending = [
+            (
+                rec,
+                reason,
+                [
+                    ("dlq.error_type", kind.encode()[:200]),
+                    ("dlq.error", reason[:4000].encode()),
+                    ("dlq.topic", rec.topic.encode()),
+                    ("dlq.partition", str(rec.partition).encode()),
+                    ("dlq.offset", str(rec.offset).encode()),
+                    ("dlq.consumer", self.name.encode()),
+                    ("dlq.failed_at", failed_at),
+                ],
+                0,
+            )
+            for rec, kind, reason in poison
         ]
-        self._dlq.send_raw(dlq_topic(rec.topic), rec.key, rec.value, headers)
-        log.error("%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason)
+        delay = self.backoff_initial_s
+        while True:
+            futures = []
+            for rec, reason, origin, level in pending:
+                topic = dlq_topic(rec.topic)
+                if level == 0:
+                    key, value, headers = rec.key, rec.value, [*(rec.headers or []), *origin]
+                else:  # 1: a truncated copy; 2: the headers alone (the broker refused even the truncated copy)
+                    key, value, headers = truncated_copy(rec, origin, keep=DLQ_TRUNCATED_BYTES if level == 1 else 0)
+                futures.append(((rec, reason, origin, level), self._dlq.send_raw_async(topic, key, value, headers)))
+            retry: list[tuple[ConsumerRecord, str, list[tuple[str, bytes]], int]] = []
+            last_error: KafkaError | None = None
+            for item, future in futures:
+                rec, reason, origin, level = item
+                try:
+                    future.get(timeout=self._dlq.timeout_s)
+                except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
+                    if level < 2:
+                        retry.append((rec, reason, origin, level + 1))
+                        continue
+                    retry.append(item)  # even the headers alone: a broker problem, retried like one
+                    last_error = exc
+                except KafkaError as exc:
+                    retry.append(item)
+                    last_error = exc
+                else:
+                    log.error(
+                        "%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason[:500]
+                    )
+            if not retry:
+                return True
+            pending = retry
+            if last_error is None:
+                continue  # only smaller copies to send: no need to wait
+            self.stats.retries += 1
+            log.warning(
+                "%s: dead-lettering %d records failed (%r); retrying in %.1fs", self.name, len(retry), last_error, delay
+            )
+            if self._stop.wait(delay):
+                return False
+            delay = min(delay * 2, self.backoff_max_s)
 
     def _commit(self, records: list[ConsumerRecord]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}

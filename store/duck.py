@@ -37,6 +37,23 @@ CREATE TABLE IF NOT EXISTS events (
     kafka_offset BIGINT,
     ingested_at TIMESTAMPTZ NOT NULL
 );
+-- Records whose event_id was already stored with other content (or lost to another record of the
+-- same batch): never silently dropped. One row per distinct conflicting version of an event.
+CREATE TABLE IF NOT EXISTS conflicts (
+    event_id UUID NOT NULL,
+    event_type VARCHAR,
+    topic VARCHAR,
+    kafka_partition INTEGER,
+    kafka_offset BIGINT,
+    body VARCHAR NOT NULL,
+    body_sha256 VARCHAR NOT NULL,
+    stored_sha256 VARCHAR NOT NULL,
+    stored_topic VARCHAR,
+    stored_partition INTEGER,
+    stored_offset BIGINT,
+    detected_at TIMESTAMPTZ NOT NULL,
+    PRIMARY KEY (event_id, body_sha256)
+);
 CREATE TABLE IF NOT EXISTS sink_offsets (
     topic VARCHAR NOT NULL,
     kafka_partition INTEGER NOT NULL,
@@ -56,6 +73,10 @@ class StoreLocked(TimeoutError):
 
 class ReadOnlyViolation(ValueError):
     pass
+
+
+class QueryError(ValueError):
+    """A read-only query DuckDB could not run (unknown table, type mismatch, ...): one line."""
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -98,6 +119,49 @@ class WriteResult:
     inserted: int
     open_wait_s: float
     write_s: float
+    #: Records of this batch whose event_id is stored with other content (new rows in ``conflicts``).
+    conflicts: int = 0
+
+
+def _content_sql(alias: str) -> str:
+    """What makes two records "the same event": every envelope field and the payload (as JSON text
+    normalised by DuckDB). Equal content under one event_id is a harmless redelivery."""
+    a = alias
+    return (
+        f"concat_ws(chr(31), {a}.event_type, CAST({a}.schema_version AS VARCHAR), "
+        f"strftime({a}.occurred_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S.%f'), {a}.producer, "
+        f"coalesce(CAST({a}.causation_id AS VARCHAR), ''), {a}.correlation_id, CAST({a}.payload AS VARCHAR))"
+    )
+
+
+_STAGE_SQL = """
+CREATE OR REPLACE TEMP TABLE staged AS
+SELECT CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
+       CAST(causation_id AS UUID) AS causation_id, correlation_id,
+       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset, body,
+       row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset) AS rn
+FROM incoming
+"""
+
+_INSERT_SQL = """
+INSERT OR IGNORE INTO events
+SELECT event_id, event_type, schema_version, occurred_at, producer, causation_id, correlation_id, payload,
+       topic, kafka_partition, kafka_offset, ?
+FROM staged WHERE rn = 1
+"""
+
+# After the insert every staged event_id has exactly one stored row: a pre-existing one, or the
+# batch's first record (by topic, partition, offset). A staged record whose content differs from it
+# is a conflict. Only run when the batch held an event_id twice or one already stored.
+_CONFLICTS_SQL = f"""
+INSERT OR IGNORE INTO conflicts
+SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
+       sha256({_content_sql("s")}), sha256({_content_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
+FROM staged s JOIN events e ON e.event_id = s.event_id
+WHERE {_content_sql("s")} <> {_content_sql("e")}
+QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({_content_sql("s")})
+                           ORDER BY s.topic, s.kafka_partition, s.kafka_offset) = 1
+"""
 
 
 class EventStore:
@@ -120,14 +184,17 @@ class EventStore:
             con.close()
 
     def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> WriteResult:
-        """Insert ``rows`` (columns as :data:`EVENT_COLUMNS`) and the consumed ``offsets`` atomically.
+        """Insert ``rows`` (columns as :data:`EVENT_SCHEMA`), record conflicts, and store the consumed
+        ``offsets``, all in one transaction.
 
-        ``INSERT OR IGNORE`` on the ``event_id`` primary key makes a redelivered or duplicated event a
-        no-op; duplicates inside the batch are dropped before (DuckDB rejects them in one statement).
+        ``INSERT OR IGNORE`` on the ``event_id`` primary key keeps the first version of an event: the
+        stored one, else the batch's first by (topic, partition, offset), a deterministic order. A
+        redelivery with the same content is a no-op; one with other content is a row in
+        ``conflicts`` (never silently dropped), written in the same transaction.
         """
         t0 = time.monotonic()
+        conflicts = 0
         with self._open() as (con, waited):
-            before = _count(con)
             now = datetime.now(UTC)
             off = pa.table(
                 {
@@ -140,17 +207,15 @@ class EventStore:
             try:
                 con.register("incoming", rows)
                 con.register("incoming_offsets", off)
-                con.execute(
-                    """
-                    INSERT OR IGNORE INTO events
-                    SELECT CAST(event_id AS UUID), event_type, schema_version, occurred_at, producer,
-                           CAST(causation_id AS UUID), correlation_id, json_extract(body, '$.payload'),
-                           topic, kafka_partition, kafka_offset, ?
-                    FROM incoming
-                    QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY kafka_offset) = 1
-                    """,
-                    [now],
-                )
+                before = _count(con)
+                con.execute(_STAGE_SQL)
+                con.execute(_INSERT_SQL, [now])
+                inserted = _count(con) - before
+                if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare content
+                    con_before = _count(con, "conflicts")
+                    con.execute(_CONFLICTS_SQL, [now])
+                    conflicts = _count(con, "conflicts") - con_before
+                con.execute("DROP TABLE staged")
                 con.execute(
                     "INSERT OR REPLACE INTO sink_offsets SELECT topic, kafka_partition, next_offset, ? "
                     "FROM incoming_offsets",
@@ -163,12 +228,11 @@ class EventStore:
             finally:
                 con.unregister("incoming")
                 con.unregister("incoming_offsets")
-            inserted = _count(con) - before
-        return WriteResult(rows.num_rows, inserted, waited, time.monotonic() - t0 - waited)
+        return WriteResult(rows.num_rows, inserted, waited, time.monotonic() - t0 - waited, conflicts)
 
 
-def _count(con: duckdb.DuckDBPyConnection) -> int:
-    row = con.execute("SELECT count(*) FROM events").fetchone()
+def _count(con: duckdb.DuckDBPyConnection, table: str = "events") -> int:
+    row = con.execute(f"SELECT count(*) FROM {table}").fetchone()
     return int(row[0]) if row else 0
 
 
@@ -215,20 +279,70 @@ def open_reader(path: Path, *, timeout_s: float = 30.0) -> Iterator[tuple[duckdb
         con.close()
 
 
+def _one_line(text: str, limit: int = 400) -> str:
+    return " ".join(str(text).split())[:limit]
+
+
+def _explained_statement(query: str) -> str | None:
+    """The statement an ``EXPLAIN [ANALYZE] [(options)]`` statement explains, or None if not found.
+
+    Found with DuckDB's own tokenizer, so comments and spacing cannot hide what follows.
+    """
+    tokens = duckdb.tokenize(query)
+    words = [
+        (pos, query[pos : tokens[i + 1][0] if i + 1 < len(tokens) else len(query)].strip())
+        for i, (pos, kind) in enumerate(tokens)
+        if kind != duckdb.token_type.comment
+    ]
+    i = 0
+    if i < len(words) and words[i][1].upper() == "EXPLAIN":
+        i += 1
+    else:
+        return None
+    if i < len(words) and words[i][1].upper() == "ANALYZE":
+        i += 1
+    if i < len(words) and words[i][1].startswith("("):  # EXPLAIN (FORMAT json) ...: skip the options
+        depth = 0
+        while i < len(words):
+            depth += words[i][1].count("(") - words[i][1].count(")")
+            i += 1
+            if depth <= 0:
+                break
+    return query[words[i][0] :] if i < len(words) else None
+
+
 def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if every one only reads; otherwise :class:`ReadOnlyViolation`."""
+    """The statements of ``sql`` if every one only reads; otherwise :class:`ReadOnlyViolation`.
+
+    ``EXPLAIN`` is allowed only of a reading statement: ``EXPLAIN ANALYZE`` executes what it explains
+    (``EXPLAIN ANALYZE CREATE TEMP TABLE ...`` would create a table even on a read-only connection).
+    """
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise ReadOnlyViolation(f"the query does not parse: {exc}") from exc
+        raise ReadOnlyViolation(f"the query does not parse: {_one_line(str(exc))}") from exc
     if not statements:
         raise ReadOnlyViolation("the query is empty: give a SELECT statement")
     for i, st in enumerate(statements, 1):
-        if st.type not in READ_ONLY_STATEMENTS:
+        kind = st.type
+        if kind is duckdb.StatementType.EXPLAIN:
+            inner = _explained_statement(st.query)
+            try:
+                inner_statements = duckdb.extract_statements(inner) if inner else []
+            except duckdb.Error:
+                inner_statements = []
+            if len(inner_statements) != 1:
+                raise ReadOnlyViolation(
+                    f"statement {i} is an EXPLAIN whose statement cannot be read: give EXPLAIN SELECT ..."
+                )
+            kind = inner_statements[0].type
+            if kind is duckdb.StatementType.EXPLAIN:
+                raise ReadOnlyViolation(f"statement {i} explains an EXPLAIN: give EXPLAIN SELECT ...")
+        if kind not in READ_ONLY_STATEMENTS:
             raise ReadOnlyViolation(
-                f"statement {i} is {st.type.name}: `prmloop sql` only reads (SELECT, WITH, FROM, DESCRIBE, "
-                "SHOW, SUMMARIZE, EXPLAIN). The store is changed only by events, through the sink; "
-                "export results with --format csv/json instead of COPY."
+                f"statement {i} is {'an EXPLAIN of ' if kind is not st.type else ''}{kind.name}: `prmloop sql` "
+                "only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of those). The store is "
+                "changed only by events, through the sink; export results with --format csv/json instead of COPY."
             )
     return [st.query for st in statements]
 
@@ -246,8 +360,44 @@ def query(path: Path, sql: str, params: Sequence[Any] | None = None, *, timeout_
     with open_reader(path, timeout_s=timeout_s) as (con, waited):
         result: duckdb.DuckDBPyConnection | None = None
         for i, st in enumerate(statements):
-            result = con.execute(st, params if (params and i == len(statements) - 1) else None)
-        assert result is not None
-        columns = [d[0] for d in (result.description or [])]
-        rows = result.fetchall() if columns else []
+            try:
+                result = con.execute(st, params if (params and i == len(statements) - 1) else None)
+                if i == len(statements) - 1:
+                    columns = [d[0] for d in (result.description or [])]
+                    rows = result.fetchall() if columns else []
+            except (duckdb.IOException, duckdb.ConnectionException):
+                raise  # the file, not the query: StoreLocked-like conditions stay what they are
+            except duckdb.Error as exc:
+                where = f"statement {i + 1}: " if len(statements) > 1 else ""
+                problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
+                raise QueryError(f"the query failed: {where}{_one_line(problem)}") from exc
     return QueryResult(columns, rows, waited)
+
+
+def store_health(db_path: Path, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Counts for ``prmloop status``: events (in all and per topic and type), conflicting duplicates,
+    and when the sink last stored one. Read-only; retried while the sink holds the file."""
+    with open_reader(Path(db_path), timeout_s=timeout_s) as (con, _):
+
+        def scalar(sql: str) -> int:
+            row = con.execute(sql).fetchone()
+            return int(row[0]) if row and row[0] is not None else 0
+
+        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        per_topic = dict(
+            con.execute("SELECT coalesce(topic, '?'), count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall()
+        )
+        per_type = dict(con.execute("SELECT event_type, count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall())
+        has_conflicts = "conflicts" in tables
+        conflicts = scalar("SELECT count(*) FROM conflicts") if has_conflicts else 0
+        conflicting_events = scalar("SELECT count(DISTINCT event_id) FROM conflicts") if has_conflicts else 0
+        last = con.execute("SELECT max(ingested_at) FROM events").fetchone()
+    return {
+        "db_path": str(db_path),
+        "events": sum(per_topic.values()),
+        "events_per_topic": per_topic,
+        "events_per_type": per_type,
+        "conflicts": conflicts,
+        "conflicting_events": conflicting_events,
+        "last_ingested_at": last[0].isoformat() if last and last[0] is not None else None,
+    }

@@ -10,9 +10,17 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    TopicAlreadyExistsError,
+)
+from kafka.producer.future import FutureProduceResult, FutureRecordMetadata
+from kafka.structs import TopicPartition
 
-from prmloop.store.codec import encode_event
+from prmloop.store.codec import EventTooLarge, PublishError, UndeliverableEvent, encode_event
 from prmloop.store.events import Envelope
 from prmloop.store.outbox import Outbox
 from prmloop.store.settings import KafkaSettings
@@ -21,8 +29,25 @@ from prmloop.store.topics import TopicSpec, all_topic_specs
 log = logging.getLogger(__name__)
 
 
-class PublishError(RuntimeError):
-    pass
+__all__ = [
+    "EventProducer",
+    "EventRejected",
+    "PublishError",
+    "consumer_config",
+    "ensure_topics",
+    "event_headers",
+]
+
+#: Broker answers that no retry can change: the record itself is refused.
+PERMANENT_SEND_ERRORS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    InvalidTopicError,
+)
+
+
+class EventRejected(UndeliverableEvent):
+    """The broker refused the event itself (too large for it, invalid topic): retrying cannot help."""
 
 
 def ensure_topics(
@@ -101,6 +126,7 @@ class EventProducer:
         outbox: Outbox | None = None,
         linger_ms: int = 5,
         timeout_s: float = 60.0,
+        max_request_size: int = 8 * 1024 * 1024,
     ) -> None:
         self.kafka = kafka or KafkaSettings()
         self.outbox = outbox
@@ -117,57 +143,96 @@ class EventProducer:
             # One in-flight request keeps a key's events in order when a send is retried.
             max_in_flight_requests_per_connection=1,
             batch_size=256 * 1024,
-            max_request_size=8 * 1024 * 1024,
+            max_request_size=max_request_size,
         )
 
     def publish(self, events: Iterable[Envelope]) -> int:
-        """Send ``events`` (each to its type's topic, keyed by ``correlation_id``); wait for acks."""
+        """Send ``events`` (each to its type's topic, keyed by ``correlation_id``); wait for acks.
+
+        Every event is encoded (and checked against the event limits) before anything is written to
+        the outbox or sent, so an event that can never be delivered fails the call at once with an
+        :class:`UndeliverableEvent` naming it and the limit, and the batch leaves no trace. Only
+        broker unavailability is retried (until ``timeout_s``). A refusal by the broker itself
+        (:class:`EventRejected`, e.g. above a real Kafka's ``message.max.bytes``) is raised without
+        retrying, after the outbox has been told, so ``reconcile`` never tries those events again.
+        """
         batch = list(events)
         if not batch:
             return 0
+        encoded = {e.event_id: encode_event(e) for e in batch}  # raises UndeliverableEvent: fail fast
         if self.outbox is not None:
-            self.outbox.append(batch)
+            self.outbox.append_encoded([encoded[e.event_id] for e in batch])
         deadline = time.monotonic() + self.timeout_s
         pending = batch
+        rejected: list[tuple[Envelope, KafkaError]] = []
         delay = 0.2
         while True:
-            futures = [
-                (
-                    e,
-                    self._producer.send(
-                        e.topic,
-                        key=e.correlation_id.encode(),
-                        value=encode_event(e),
-                        headers=event_headers(e),
-                    ),
-                )
-                for e in pending
-            ]
+            futures = []
+            for e in pending:
+                try:
+                    fut = self._producer.send(
+                        e.topic, key=e.correlation_id.encode(), value=encoded[e.event_id], headers=event_headers(e)
+                    )
+                except PERMANENT_SEND_ERRORS as exc:  # checked by the client before sending
+                    rejected.append((e, exc))
+                    continue
+                futures.append((e, fut))
             self._producer.flush(timeout=self.timeout_s)
             failed: list[Envelope] = []
             last_error: BaseException | None = None
             for e, fut in futures:
                 try:
                     fut.get(timeout=max(0.1, deadline - time.monotonic()))
+                except PERMANENT_SEND_ERRORS as exc:
+                    rejected.append((e, exc))
                 except KafkaError as exc:
                     failed.append(e)
                     last_error = exc
             if not failed:
-                return len(batch)
+                break
             if time.monotonic() + delay > deadline:
                 raise PublishError(
                     f"{len(failed)} of {len(batch)} events were not acknowledged within {self.timeout_s}s: "
                     f"{last_error!r}. Is the broker up? They are kept in the outbox; `prmloop reconcile` "
-                    "re-publishes them."
+                    "re-publishes them.",
+                    tuple(e.event_id for e in failed),
                 )
             log.warning("retrying %d unacknowledged events after %r", len(failed), last_error)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
             pending = failed
+        if rejected:
+            self._reject(rejected)
+        return len(batch)
+
+    def _reject(self, rejected: list[tuple[Envelope, KafkaError]]) -> None:
+        first, exc = rejected[0]
+        reason = f"the broker refused it: {type(exc).__name__}"
+        if self.outbox is not None:
+            self.outbox.mark_undeliverable([e.event_id for e, _ in rejected], reason)
+        cls = EventTooLarge if isinstance(exc, MessageSizeTooLargeError | RecordListTooLargeError) else EventRejected
+        more = f" (and {len(rejected) - 1} more)" if len(rejected) > 1 else ""
+        raise cls(
+            f"{first.event_type} {first.event_id}{more} cannot be published to {first.topic}: {reason} "
+            f"({exc}); it is not retried, and reconcile skips it",
+            tuple(e.event_id for e, _ in rejected),
+        )
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         """Send one record as it is (dead-letter copies) and wait for its acknowledgement."""
-        self._producer.send(topic, key=key, value=value, headers=headers).get(timeout=self.timeout_s)
+        self.send_raw_async(topic, key, value, headers).get(timeout=self.timeout_s)
+
+    def send_raw_async(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> FutureRecordMetadata:
+        """Send one record as it is; the returned future raises the broker's error, if any (a record
+        the client refuses before sending, e.g. above ``max_request_size``, fails the future too)."""
+        try:
+            return self._producer.send(topic, key=key, value=value, headers=headers)
+        except KafkaError as exc:
+            failed = FutureRecordMetadata(FutureProduceResult(TopicPartition(topic, -1)), -1, -1, -1, -1, -1, -1)
+            failed.failure(exc)
+            return failed
 
     def close(self) -> None:
         self._producer.close(timeout=10)

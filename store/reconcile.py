@@ -15,11 +15,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from prmloop.store.codec import UndeliverableEvent, encode_event
 from prmloop.store.duck import open_reader
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.outbox import read_segment, segments
+from prmloop.store.outbox import scan_segment, segments
 from prmloop.store.settings import KafkaSettings
+
+#: How many undeliverable entries the report names (all are counted).
+REPORT_EXAMPLES = 20
 
 
 def stored_event_ids(db_path: Path, candidates: list[uuid.UUID]) -> set[uuid.UUID]:
@@ -58,27 +62,51 @@ def _still_written(segment: Path) -> bool:
 def reconcile(
     bootstrap_servers: str, db_path: Path, outbox_dir: Path, *, kafka: KafkaSettings | None = None
 ) -> dict[str, Any]:
-    """Re-publish outbox events missing from ``db_path``; returns counts of what it did."""
+    """Re-publish outbox events missing from ``db_path``; returns counts of what it did.
+
+    Entries that can never be delivered (undecodable or above the event limits, or refused by the
+    broker) are skipped and reported under ``undeliverable`` (count) and ``undeliverable_examples``
+    (id or ``segment:line``, reason), never retried: one of them must not block every later run.
+    A segment holding nothing but stored or undeliverable events is removed like a stored one.
+    """
     ensure_topics(bootstrap_servers, kafka=kafka)
-    by_segment: dict[Path, list[Envelope]] = {seg: list(read_segment(seg)) for seg in segments(outbox_dir)}
-    all_ids = list({e.event_id for events in by_segment.values() for e in events})
+    scans = {seg: scan_segment(seg) for seg in segments(outbox_dir)}
+    undeliverable: list[tuple[str, str]] = [u for scan in scans.values() for u in scan.undeliverable]
+    refused: set[uuid.UUID] = {i for scan in scans.values() for i in scan.undeliverable_ids}
+    all_ids = list({e.event_id for scan in scans.values() for e in scan.events} | refused)
     stored = stored_event_ids(db_path, all_ids)
     missing: dict[uuid.UUID, Envelope] = {}
-    removable: list[Path] = []
-    for seg, events in by_segment.items():
-        pending = [e for e in events if e.event_id not in stored]
-        for e in pending:
-            missing.setdefault(e.event_id, e)
-        if not pending and not _still_written(seg):
-            removable.append(seg)
+    for scan in scans.values():
+        for e in scan.events:
+            if e.event_id not in stored and e.event_id not in missing:
+                try:
+                    encode_event(e)  # today's limits: an old outbox may hold events above them
+                except UndeliverableEvent as exc:
+                    refused.add(e.event_id)
+                    undeliverable.append((str(e.event_id), str(exc)))
+                    continue
+                missing[e.event_id] = e
+    republished = 0
     if missing:
         with EventProducer(bootstrap_servers, kafka=kafka) as producer:
-            producer.publish(missing.values())
+            try:
+                republished = producer.publish(missing.values())
+            except UndeliverableEvent as exc:  # refused by the broker; the others were acknowledged
+                refused.update(exc.event_ids)
+                undeliverable.extend((str(i), str(exc)) for i in exc.event_ids)
+                republished = len(missing) - len(exc.event_ids)
+    removable = [
+        seg
+        for seg, scan in scans.items()
+        if not _still_written(seg) and all(e.event_id in stored or e.event_id in refused for e in scan.events)
+    ]
     for seg in removable:
         seg.unlink(missing_ok=True)
     return {
         "outbox_events": len(all_ids),
         "already_stored": len(stored),
-        "republished": len(missing),
+        "republished": republished,
+        "undeliverable": len(undeliverable),
+        "undeliverable_examples": [f"{what}: {why}" for what, why in undeliverable[:REPORT_EXAMPLES]],
         "segments_removed": len(removable),
     }

@@ -1,8 +1,14 @@
 """``prmloop bench sink``: raw kafka-python consume rate vs the sink's rate into DuckDB, and how long
-an event takes from ``publish()`` to being visible to a reader, all measured in one run."""
+an event takes from ``publish()`` to being visible to a reader, all measured in one run.
+
+With ``poison_fraction`` > 0 a second stream of ``n`` fresh events is mixed with that fraction of
+hostile records (random bytes, deep nesting, wrong field types, events on another type's topic,
+conflicting duplicates) and the sink's rate on it is compared with the clean stream's."""
 
 from __future__ import annotations
 
+import json
+import random
 import statistics
 import tempfile
 import threading
@@ -19,8 +25,10 @@ from rich.progress import Progress
 from prmloop.consumers.sink import Sink, run_sink
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumerRuntime
 from prmloop.store.duck import EventStore, StoreLocked, WriteResult, query
+from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import EVENT_TOPICS
@@ -61,7 +69,15 @@ def _raw_consume(servers: str, n: int, group: str) -> float:
     return elapsed
 
 
-def bench_sink(n: int = 100_000, rate: int = 1000, latency_seconds: float = 10.0) -> dict[str, Any]:
+def bench_sink(
+    n: int = 100_000, rate: int = 1000, latency_seconds: float = 10.0, poison_fraction: float = 0.0
+) -> dict[str, Any]:
+    """Measure the sink; with ``poison_fraction`` > 0 also its rate on a stream with that share of
+    hostile records (``poison_sink_eps``: records consumed per second, valid and hostile alike),
+    against a clean stream of ``n`` events measured the same way just before it
+    (``clean_reference_eps``; ``poison_to_clean_ratio`` is their quotient)."""
+    if not 0.0 <= poison_fraction < 1.0:
+        raise ValueError(f"poison_fraction must be in [0, 1), got {poison_fraction}")
     events = synthetic_events(n, seed=7)
     with _broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-") as tmp:
         ensure_topics(servers)
@@ -94,6 +110,16 @@ def bench_sink(n: int = 100_000, rate: int = 1000, latency_seconds: float = 10.0
         )
         sink_s = time.perf_counter() - t0
 
+        poison: dict[str, Any] = {}
+        if poison_fraction > 0:
+            # A clean reference measured exactly like the poisoned stream (same code path, a store of
+            # about the same size), right before it: the ratio compares like with like.
+            # Both are published in the same slices (one hostile record after each), since how records
+            # are batched on the broker changes the consumer's rate as much as the poison might.
+            chunk = max(1, round(1 / poison_fraction))
+            reference = _poison_phase(servers, db, group_id, n, 0.0, seed=19, chunk=chunk)
+            poison = _poison_phase(servers, db, group_id, n, poison_fraction, seed=13, chunk=chunk)
+            poison["clean_reference_eps"] = reference["poison_sink_eps"]
         latency = _latency_phase(servers, db, group_id, rate, latency_seconds)
         stored = query(db, "SELECT count(*), count(DISTINCT event_id) FROM events").rows[0]
 
@@ -107,9 +133,101 @@ def bench_sink(n: int = 100_000, rate: int = 1000, latency_seconds: float = 10.0
         "sink_eps": round(sink_eps, 1),
         "sink_to_raw_ratio": round(sink_eps / raw_eps, 3),
         "sink_batches": sink_stats.batches,
+        **(
+            {**poison, "poison_to_clean_ratio": round(poison["poison_sink_eps"] / poison["clean_reference_eps"], 3)}
+            if poison
+            else {}
+        ),
         **latency,
         "stored_events": int(stored[0]),
         "stored_distinct": int(stored[1]),
+    }
+
+
+def _hostile_records(events: list[Envelope], count: int, seed: int) -> list[tuple[str, bytes | None, bytes]]:
+    """``count`` records (topic, key, value) that the sink must dead-letter or record as conflicts."""
+    rng = random.Random(seed)
+    topics = sorted({e.topic for e in events})
+    out: list[tuple[str, bytes | None, bytes]] = []
+    for i in range(count):
+        e = events[rng.randrange(len(events))]
+        kind = i % 5
+        if kind == 0:  # random bytes
+            out.append((rng.choice(topics), None, rng.randbytes(rng.randrange(1, 400))))
+        elif kind == 1:  # nested far deeper than any parser should see
+            depth = rng.choice([1_000, 10_000, 100_000])
+            out.append((rng.choice(topics), None, b"[" * depth + b"]" * depth))
+        elif kind == 2:  # wrong field types
+            body = json.loads(encode_event(e))
+            body["occurred_at"] = {"not": "a time"}
+            out.append((e.topic, None, json.dumps(body).encode()))
+        elif kind == 3:  # a valid event on another type's topic (a fresh id: not a duplicate)
+            body = json.loads(encode_event(e))
+            body["event_id"] = str(uuid.uuid4())
+            out.append((next(t for t in topics if t != e.topic), None, json.dumps(body).encode()))
+        else:  # the same event_id with other content, after the original (same key, same partition)
+            body = json.loads(encode_event(e))
+            body["producer"] = f"impostor-{i}"
+            out.append((e.topic, e.correlation_id.encode(), json.dumps(body).encode()))
+    return out
+
+
+def _poison_phase(
+    servers: str, db: Path, group_id: str, n: int, fraction: float, *, seed: int, chunk: int
+) -> dict[str, Any]:
+    """Publish ``n`` fresh events in slices of ``chunk`` with ``fraction`` hostile records among them
+    (one after each slice, any rest at the end), then time the sink (set-up included, as in the
+    clean phase) until every valid one is stored and every hostile one dead-lettered or recorded as
+    a conflict."""
+    events = [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(n, seed=seed)]
+    hostile = _hostile_records(events, round(n * fraction), seed=seed + 4)
+    expected_conflicts = sum(1 for _, key, _ in hostile if key is not None)
+    expected_dead = len(hostile) - expected_conflicts
+    pending = list(hostile)
+    with EventProducer(servers, linger_ms=20) as producer:
+        for start in range(0, n, chunk):
+            producer.publish(events[start : start + chunk])
+            if pending:
+                producer.send_raw(*pending.pop(0), [])
+        for topic, key, value in pending:
+            producer.send_raw(topic, key, value, [])
+
+    store = EventStore(db)
+    sink = Sink(store)
+    runtime = ConsumerRuntime(
+        topics=EVENT_TOPICS,
+        group_id=group_id,  # continue after the clean phase
+        bootstrap_servers=servers,
+        handler=sink,
+        assign_all=True,
+        max_batch=5000,
+        max_wait_s=0.2,
+        name="sink",
+    )
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + 600
+    runtime.run(
+        until=lambda: (
+            (
+                sink.stats.inserted >= n
+                and runtime.stats.dead_lettered >= expected_dead
+                and sink.stats.conflicts >= expected_conflicts
+            )
+            or time.monotonic() > deadline
+        ),
+        install_signal_handlers=False,
+    )
+    elapsed = time.perf_counter() - t0
+    records = n + len(hostile)
+    return {
+        "poison_fraction": fraction,
+        "poison_records": len(hostile),
+        "poison_sink_eps": round(records / elapsed, 1),
+        "poison_valid_eps": round(n / elapsed, 1),
+        "poison_inserted": sink.stats.inserted,
+        "poison_dead_lettered": runtime.stats.dead_lettered,
+        "poison_conflicts": sink.stats.conflicts,
+        "poison_sink_batches": sink.stats.batches,
     }
 
 
