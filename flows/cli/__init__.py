@@ -14,6 +14,7 @@ from prmloop.flows.cli import bench, evals, pipeline, store
 from prmloop.flows.cli.app import app, err
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
+from prmloop.store.codec import PublishError
 from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 
 __all__ = ["app", "main"]
@@ -27,7 +28,7 @@ def main() -> None:
         app()
     except ValidationError as exc:
         _error(validation_message(exc))
-    except (BrokerError, ReadOnlyViolation, StoreLocked, FileNotFoundError, ValueError) as exc:
+    except (BrokerError, PublishError, ReadOnlyViolation, StoreLocked, FileNotFoundError, ValueError) as exc:
         _error(str(exc))
 
 

@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
-import time
-from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals
-from prmloop.store.broker import EmbeddedBroker, require_bootstrap_servers, write_broker_file
+from prmloop.flows.output import OutputFormat, print_rows
+from prmloop.store.broker import EmbeddedBroker, require_bootstrap_servers
 from prmloop.store.settings import StateSettings
-
-
-class OutputFormat(StrEnum):
-    table = "table"
-    csv = "csv"
-    json = "json"
-
-
-def _mkdir(path: Path) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    return True
 
 
 @app.command()
@@ -35,27 +18,19 @@ def broker(
     port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")] = None,
     partitions: Annotated[int, typer.Option(help="partitions per topic")] = 4,
 ) -> None:
-    """Start the embedded Kafka broker (Tansu, in memory) and create the topics; runs until Ctrl-C.
+    """Start the embedded Kafka broker (Tansu, in memory) and create the topics; runs until Ctrl-C,
+    SIGTERM or SIGHUP, and then stops Tansu and removes $PRMLOOP_HOME/broker.json.
 
     Other commands find it through $PRMLOOP_HOME/broker.json, unless KAFKA_BOOTSTRAP_SERVERS is set.
     """
-    from prmloop.store.kafka import ensure_topics
-    from prmloop.store.topics import all_topic_specs
+    from prmloop.store.broker import serve_embedded_broker
 
-    state = StateSettings()
-    with EmbeddedBroker(port=port, log_path=state.home / "broker.log" if _mkdir(state.home) else None) as b:
-        ensure_topics(b.bootstrap_servers, all_topic_specs(partitions))
-        write_broker_file(b, state)
+    def ready(b: EmbeddedBroker) -> None:
         typer.echo(b.bootstrap_servers)
         err.print(f"embedded broker on {b.bootstrap_servers} (in memory; Ctrl-C stops it)")
         err.print(f"  export KAFKA_BOOTSTRAP_SERVERS={b.bootstrap_servers}   # for other shells")
-        try:
-            while True:
-                time.sleep(1)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            state.broker_file.unlink(missing_ok=True)
+
+    serve_embedded_broker(port=port, partitions=partitions, state=StateSettings(), on_ready=ready)
 
 
 @app.command()
@@ -94,7 +69,7 @@ def sink(
     )
     err.print(
         f"sink stopped: {sink_stats.inserted} new events stored of {sink_stats.received} received, "
-        f"{stats.dead_lettered} dead-lettered"
+        f"{stats.dead_lettered} dead-lettered, {sink_stats.conflicts} conflicting duplicates kept in `conflicts`"
     )
 
 
@@ -109,23 +84,7 @@ def sql(
     from prmloop.store.duck import query as run_query
 
     result = run_query(db_path(db), query, timeout_s=timeout)
-    _print_rows(result.columns, result.rows, fmt)
-
-
-def _print_rows(columns: list[str], rows: list[tuple[Any, ...]], fmt: OutputFormat) -> None:
-    if fmt is OutputFormat.csv:
-        w = csv.writer(sys.stdout)
-        w.writerow(columns)
-        w.writerows(rows)
-    elif fmt is OutputFormat.json:
-        for row in rows:
-            typer.echo(json.dumps(dict(zip(columns, row, strict=True)), default=str))
-    else:
-        table = Table(*columns, show_lines=False)
-        for row in rows:
-            table.add_row(*("NULL" if v is None else str(v) for v in row))
-        Console().print(table)
-        err.print(f"{len(rows)} row(s)")
+    print_rows(result.columns, result.rows, fmt, err=err)
 
 
 @app.command()
@@ -135,3 +94,14 @@ def reconcile(db: DbOption = None) -> None:
 
     report = run_reconcile(require_bootstrap_servers(), db_path(db), StateSettings().outbox_dir)
     typer.echo(json.dumps(report))
+
+
+@app.command()
+def status(
+    db: DbOption = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
+) -> None:
+    """What the store holds: events per topic and type, conflicting duplicates, the last ingestion."""
+    from prmloop.store.duck import store_health
+
+    typer.echo(json.dumps(store_health(db_path(db), timeout_s=timeout), default=str))

@@ -115,3 +115,19 @@ def test_broker_command_serves_until_interrupted_and_others_find_it(tmp_path: Pa
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
     assert not (tmp_path / "broker.json").exists()
+
+
+def test_status_counts_events_and_conflicts(db: Path) -> None:
+    result = runner.invoke(app, ["status", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    health = json.loads(result.output)
+    assert health["events"] == 100 and health["conflicts"] == 0
+    assert sum(health["events_per_type"].values()) == 100
+
+
+def test_sql_table_output_never_passes_control_characters_or_markup(db: Path) -> None:
+    query = "SELECT chr(27) || '[31mred' || chr(13) AS ansi, '[bold]loud[/bold]' AS markup"
+    result = runner.invoke(app, ["sql", query, "--db", str(db)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\r" not in result.output
+    assert "\\x1b[31mred\\r" in result.output and "[bold]loud[/bold]" in result.output
