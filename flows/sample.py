@@ -40,7 +40,14 @@ _T = TypeVar("_T")
 @task(name="load-questions", cache_policy=NO_CACHE)
 def load_questions_task(settings: SampleSettings) -> tuple[list[Question], list[str]]:
     """Questions of the configured source, and one message per unusable input."""
-    return load_source(dataset=settings.dataset, file=settings.file, limit=settings.limit, split=settings.split)
+    return load_source(
+        dataset=settings.dataset,
+        file=settings.file,
+        limit=settings.limit,
+        split=settings.split,
+        level=settings.level,
+        seed=settings.seed,
+    )
 
 
 @task(name="sample-batch", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)

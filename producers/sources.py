@@ -136,10 +136,23 @@ def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[
     return questions, errors
 
 
+#: Questions generated when ``--dataset arith`` is given no ``--limit``.
+ARITH_DEFAULT_QUESTIONS = 20
+
+
 def load_source(
-    *, dataset: str | None = None, file: Path | None = None, limit: int | None = None, split: str | None = None
+    *,
+    dataset: str | None = None,
+    file: Path | None = None,
+    limit: int | None = None,
+    split: str | None = None,
+    level: int = 1,
+    seed: int = 0,
 ) -> tuple[list[Question], list[str]]:
     """The questions of exactly one source (a data set name or a JSONL file) and the per-input errors.
+
+    ``dataset="arith"`` generates the verifiable arithmetic curriculum (:mod:`prmloop.producers.arith`)
+    at ``level`` with ``seed``: ``limit`` questions (default :data:`ARITH_DEFAULT_QUESTIONS`).
 
     Questions without a gold answer are left out and reported (their solutions cannot be graded).
 
@@ -152,6 +165,10 @@ def load_source(
     if file is not None:
         questions, errors = read_question_file(Path(file))
         questions = questions[:limit] if limit is not None else questions
+    elif dataset == "arith":
+        from prmloop.producers.arith import arith_questions
+
+        questions = arith_questions(limit or ARITH_DEFAULT_QUESTIONS, level=level, seed=seed)
     else:
         assert dataset is not None
         options = {"split": split} if split else {}

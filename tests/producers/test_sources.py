@@ -70,3 +70,12 @@ def test_a_source_needs_exactly_one_of_dataset_and_file(tmp_path: Path) -> None:
     empty = write_lines(tmp_path / "empty.jsonl", ["{not json"])
     with pytest.raises(QuestionFileError, match="no usable questions; 1 problems"):
         load_source(file=empty)
+
+
+def test_the_arith_source_generates_the_curriculum_at_a_level() -> None:
+    questions, errors = load_source(dataset="arith", limit=3, level=2, seed=5)
+    assert errors == [] and [q.id for q in questions] == [f"arith/L2/5/{i}" for i in range(3)]
+    assert all(q.dataset == "arith" and q.gold_answer for q in questions)
+    assert all(q.metadata["level"] == 2 and "chain" in q.metadata for q in questions)
+    again, _ = load_source(dataset="arith", limit=3, level=2, seed=5)
+    assert [q.problem for q in again] == [q.problem for q in questions]
