@@ -9,7 +9,7 @@ registers it as the engine ``tiny-random`` so code that builds its backend from 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,7 @@ import pytest
 from prmloop.models.backends.base import Completion, SamplingParams, ScoredText
 from prmloop.models.questions import data_dir
 from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.events import Envelope
 from prmloop.store.kafka import ensure_topics
 
 if TYPE_CHECKING:
@@ -154,3 +155,34 @@ def scripted_judge() -> type[ScriptedJudge]:
     """A judge engine that writes fixed judgments (``script``: step text -> texts, the first being the
     low-temperature prediction) and scores them with a real backend, so Eq. 5 comes from real log-probs."""
     return ScriptedJudge
+
+
+def read_topic(servers: str, topics: Sequence[str], *, idle_s: float = 1.5) -> list[Envelope]:
+    """Every event on ``topics``, from the beginning (no consumer group), until ``idle_s`` without records."""
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    from prmloop.store.codec import decode_event
+
+    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        events: list[Envelope] = []
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < idle_s:
+            polled = consumer.poll(timeout_ms=200)
+            if any(polled.values()):
+                idle_since = time.monotonic()
+            events.extend(decode_event(r.value) for records in polled.values() for r in records)
+        return events
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="session")
+def topic_reader() -> Callable[..., list[Envelope]]:
+    """:func:`read_topic`: what a test reads back from the real broker."""
+    return read_topic

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
-
-from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.consumers.judge import JudgeSettings, run_judge
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.judge.judges import StepwiseJudge
-from prmloop.store.codec import decode_event, encode_event
+from prmloop.store.codec import encode_event
 from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.topics import TopicSpec, dlq_topic
@@ -39,28 +36,8 @@ def _scored(sid: str, *, problem: str | None = PROBLEM) -> Envelope:
     return make_event(payload, producer="test")
 
 
-def _judged(servers: str, ids: set[str]) -> list[Envelope]:
-    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
-    try:
-        parts = [TopicPartition(StepsJudged.TOPIC, p) for p in consumer.partitions_for_topic(StepsJudged.TOPIC)]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        found: list[Envelope] = []
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < 1.5:
-            polled = consumer.poll(timeout_ms=200)
-            if any(polled.values()):
-                idle_since = time.monotonic()
-            for records in polled.values():
-                events = (decode_event(r.value) for r in records)
-                found.extend(e for e in events if getattr(e.payload, "solution_id", None) in ids)
-        return found
-    finally:
-        consumer.close()
-
-
 def test_the_judge_service_publishes_one_verdict_per_solution(
-    kafka_bootstrap: str, tiny_backend: TransformersBackend, scripted_judge: Any
+    kafka_bootstrap: str, tiny_backend: TransformersBackend, scripted_judge: Any, topic_reader: Any
 ) -> None:
     run = uuid.uuid4().hex[:8]
     topic = f"test-judge-{run}"
@@ -87,7 +64,9 @@ def test_the_judge_service_publishes_one_verdict_per_solution(
             )
         )
     assert results[0]["judged"] == 3 and results[0]["dead_lettered"] == 1
-    judged = _judged(kafka_bootstrap, ids)
+    judged = [
+        e for e in topic_reader(kafka_bootstrap, [StepsJudged.TOPIC]) if getattr(e.payload, "solution_id", "") in ids
+    ]
     assert len(judged) == 6 and len({e.event_id for e in judged}) == 3  # the re-run published the same ids
     for event in judged:
         payload = event.payload

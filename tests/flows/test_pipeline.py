@@ -3,11 +3,10 @@ consuming only the topic before it, and the labels are the ones the world's own 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.consumers.annotator import AnnotatorSettings, build_annotator, run_annotator
 from prmloop.consumers.scorer import ScorerSettings, run_scorer
@@ -16,8 +15,7 @@ from prmloop.models.annotation.strategies import annotate
 from prmloop.models.simulator import SimulatedCompleter, SimulatorOptions
 from prmloop.producers.simulated import simulated_events, simulated_solution_id
 from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.codec import decode_event
-from prmloop.store.events import Envelope, StepsLabeled, StepsScored
+from prmloop.store.events import StepsLabeled, StepsScored
 from prmloop.store.kafka import EventProducer, ensure_topics
 
 
@@ -29,25 +27,7 @@ def fresh_broker() -> Iterator[str]:
         yield broker.bootstrap_servers
 
 
-def _read(servers: str, topic: str) -> list[Envelope]:
-    consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        consumer.assign(parts)
-        consumer.seek_to_beginning(*parts)
-        events: list[Envelope] = []
-        idle_since = time.monotonic()
-        while time.monotonic() - idle_since < 1.5:
-            polled = consumer.poll(timeout_ms=200)
-            if any(polled.values()):
-                idle_since = time.monotonic()
-            events.extend(decode_event(r.value) for records in polled.values() for r in records)
-        return events
-    finally:
-        consumer.close()
-
-
-def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str) -> None:
+def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str, topic_reader: Any) -> None:
     world_options = SimulatorOptions(sim_n=10, sim_seed=31, correlation=0.7)
     config, world = world_options.world()
     with EventProducer(fresh_broker) as producer:
@@ -60,7 +40,7 @@ def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str
         install_signal_handlers=False,
     )
     assert scored["simulated"] == 10 and scored["dead_lettered"] == 0
-    scores = {e.payload.solution_id: e.payload for e in _read(fresh_broker, StepsScored.TOPIC)}
+    scores = {e.payload.solution_id: e.payload for e in topic_reader(fresh_broker, [StepsScored.TOPIC])}
     assert len(scores) == 10
     for i, solution in enumerate(world):
         payload = scores[simulated_solution_id(31, i)]
@@ -71,7 +51,7 @@ def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str
     settings = AnnotatorSettings(strategy="uncertainty_driven", completer="simulator", until_idle=3, **world_fields)
     summary = run_annotator(settings, bootstrap_servers=fresh_broker, install_signal_handlers=False)
     assert summary["dead_lettered"] == 0 and summary["labelled"] + summary["unresolved"] == 10
-    labels = {e.payload.solution_id: e.payload for e in _read(fresh_broker, StepsLabeled.TOPIC)}
+    labels = {e.payload.solution_id: e.payload for e in topic_reader(fresh_broker, [StepsLabeled.TOPIC])}
     assert len(labels) == summary["labelled"] > 0
 
     # The same search on the world's own Δu, in process, gives the same first errors.
