@@ -57,7 +57,8 @@ def binary_entropy(p: float) -> float:
     """``-p log p - (1-p) log (1-p)`` in nats; 0 at ``p`` in {0, 1}."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"a probability lies in [0, 1], got {p}")
-    return -math.fsum(q * math.log(q) for q in (p, 1.0 - p) if q > 0.0)
+    value = -math.fsum(q * math.log(q) for q in (p, 1.0 - p) if q > 0.0)
+    return value if value > 0.0 else 0.0  # never -0.0
 
 
 def decision_probability(logprob_yes: float, logprob_no: float) -> float:
