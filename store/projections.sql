@@ -190,3 +190,27 @@ SELECT
     event_id
 FROM events
 WHERE event_type = 'CalibrationFitted';
+
+-- The LLM judge's verdict and uncertainty per judged step (CoT Entropy paper: Eq. 5, 7, 9).
+CREATE OR REPLACE VIEW step_judgments AS
+SELECT
+    payload->>'solution_id' AS solution_id,
+    payload->>'question_id' AS question_id,
+    payload->'judge'->>'name' AS judge,
+    payload->>'method' AS method,
+    CAST(j->>'step_index' AS INTEGER) AS step_index,
+    CAST(j->>'has_error' AS BOOLEAN) AS has_error,
+    CAST(j->>'p_error' AS DOUBLE) AS p_error,
+    CAST(j->>'cot_entropy' AS DOUBLE) AS cot_entropy,
+    CAST(j->>'cot_entropy_discrete' AS DOUBLE) AS cot_entropy_discrete,
+    CAST(j->>'naive_entropy' AS DOUBLE) AS naive_entropy,
+    CAST(j->>'epistemic' AS DOUBLE) AS epistemic,
+    CAST(j->>'aleatoric' AS DOUBLE) AS aleatoric,
+    CAST(j->>'unparsed' AS INTEGER) AS unparsed_samples,
+    occurred_at,
+    event_id
+FROM (
+    SELECT payload, occurred_at, event_id, unnest(from_json(payload->'judgments', '["JSON"]')) AS j
+    FROM events
+    WHERE event_type = 'StepsJudged'
+);

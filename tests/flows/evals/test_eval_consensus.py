@@ -61,3 +61,11 @@ def test_retention_falls_as_the_threshold_tightens(db: Path) -> None:
     assert retention == [2, 1, 0]  # s1 and s3; then s3 abstains (0.5 > 0.4); then s1 too (0.3 > 0.2)
     assert result["per_threshold"][0]["rejections"] == {"first errors disagree": 1}
     assert result["per_threshold"][2]["rejections"] == {"first errors disagree": 1, "judge uncertain": 2}
+
+
+def test_step_judgments_are_queryable_with_sql(db: Path) -> None:
+    from prmloop.store.duck import query
+
+    rows = query(db, "SELECT solution_id, step_index, has_error, cot_entropy FROM step_judgments ORDER BY 1, 2").rows
+    assert rows[:2] == [("s1", 0, False, 0.1), ("s1", 1, True, 0.3)]
+    assert len(rows) == 2 + 1 + 3  # s1 up to its first error, s2 its first step, s3 every step
