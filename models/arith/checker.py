@@ -12,15 +12,15 @@ from prmloop.models.answers import extract_answer
 from prmloop.models.arith.curriculum import DEFAULT_CONSTANTS, ArithChain, ChainStep
 from prmloop.models.arith.equations import (
     Equation,
-    _bare_expression_values,
-    _evaluate,
-    _has_operator,
-    _number_words,
-    _result_claims,
-    _runs,
-    _show,
-    _stated_numbers,
+    bare_expression_values,
+    evaluate,
     find_equations,
+    has_operator,
+    number_words,
+    result_claims,
+    runs,
+    show,
+    stated_numbers,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def _single_operation(equation: Equation) -> tuple[str, Fraction, Fraction] | No
     operands = equation.operands()
     if len(operands) != 2:
         return None
-    side = next(side for side in equation.sides if _has_operator(side))
+    side = next(side for side in equation.sides if has_operator(side))
     ops = [t for t in side[1:] if t in ("+", "-", "*", "/")]
     return (str(ops[0]) if ops else "*", operands[0], operands[1])
 
@@ -99,7 +99,7 @@ def _one_operation(values: Sequence[Fraction]) -> set[Fraction]:
 
 
 def _fmt(value: Fraction) -> str:
-    return _show(value)
+    return show(value)
 
 
 def _final_answer(text: str) -> Fraction | Literal["unparsed"] | None:
@@ -109,8 +109,8 @@ def _final_answer(text: str) -> Fraction | Literal["unparsed"] | None:
     answer = extract_answer(text)
     if answer is None:
         return None
-    numbers = [t for tokens in _runs(answer) for t in tokens if isinstance(t, Fraction)]
-    value = _evaluate([t for tokens in _runs(answer) for t in tokens]) if numbers else None
+    numbers = [t for tokens in runs(answer) for t in tokens if isinstance(t, Fraction)]
+    value = evaluate([t for tokens in runs(answer) for t in tokens]) if numbers else None
     if value is None and len(numbers) == 1:
         value = numbers[0]
     return "unparsed" if value is None else value
@@ -229,7 +229,7 @@ def check_steps(
                 off_chain.extend(equation.results())
             derived.extend(equation.results())
         answer = _final_answer(step)
-        stated = [] if answer is not None else _stated_numbers(step)
+        stated = [] if answer is not None else stated_numbers(step)
         if wrong is None and answer is not None and answer != "unparsed":
             answer_stated = True
             if answer != gold:
@@ -258,13 +258,13 @@ def check_steps(
                 equation_count,
             )
         stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
-        fresh = off_chain + [n for n in _bare_expression_values(step) if n not in on_chain]
-        words = [n for n in _number_words(step) if n not in allowed]  # "one of them" claims nothing
+        fresh = off_chain + [n for n in bare_expression_values(step) if n not in on_chain]
+        words = [n for n in number_words(step) if n not in allowed]  # "one of them" claims nothing
         fresh += [n for n in (*stated, *words) if n not in stateable]
         # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
         # result (of the chain or of this solution's equations), not a restated question number.
         results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
-        fresh += [n for n in _result_claims(step) if n not in results and answer is None]
+        fresh += [n for n in result_claims(step) if n not in results and answer is None]
         prose_only = not equations and not stated and answer is None
         unchecked = {
             "lenient": False,

@@ -6,6 +6,7 @@ See :mod:`prmloop.models.arith` for why the curriculum exists.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -13,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import JsonValue
 
-from prmloop.models.arith.equations import _NUMBER_RE
+#: The integers of a generated sentence (the curriculum writes whole numbers only).
+_INTEGER_RE = re.compile(r"\d+")
 
 Op = Literal["+", "-", "*", "/"]
 EventKind = Literal["add", "sub", "add_groups", "share"]
@@ -316,7 +318,7 @@ def generate_question(level: int | str | LevelSpec, seed: int = 0, index: int = 
         sentence = rng.choice((f"{friend} has {d} {other}.", f"{name} is {d} years old."))
         position = rng.randint(1, len(sentences))
         # The question's numbers are listed in the order the question states them.
-        numbers.insert(sum(len(_NUMBER_RE.findall(s)) for s in sentences[:position]), d)
+        numbers.insert(sum(len(_INTEGER_RE.findall(s)) for s in sentences[:position]), d)
         sentences.insert(position, sentence)
         distractor_numbers.append(d)
 

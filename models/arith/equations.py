@@ -75,7 +75,7 @@ class Equation:
 
     def values(self) -> list[Fraction | None]:
         """The value of each side (``None``: the side is not a well-formed expression)."""
-        return [_evaluate(side) for side in self.sides]
+        return [evaluate(side) for side in self.sides]
 
     @property
     def holds(self) -> bool:
@@ -84,7 +84,7 @@ class Equation:
 
     def operands(self) -> list[Fraction]:
         """Numbers in sides that compute something (a side with an operator)."""
-        return [t for side in self.sides if _has_operator(side) for t in side if isinstance(t, Fraction)]
+        return [t for side in self.sides if has_operator(side) for t in side if isinstance(t, Fraction)]
 
     def results(self) -> list[Fraction]:
         """The value every side shares, when the equation holds."""
@@ -95,7 +95,7 @@ class Equation:
         return [t for side in self.sides for t in side if isinstance(t, Fraction)]
 
 
-def _has_operator(side: Sequence[str | Fraction]) -> bool:
+def has_operator(side: Sequence[str | Fraction]) -> bool:
     """Whether a side computes something: an operator after its first token (a leading ``-`` is a
     sign), or a parenthesis that follows a number or another parenthesis (``2(5)``, ``(2)(5)``)."""
     for previous, token in itertools.pairwise(side):
@@ -106,7 +106,7 @@ def _has_operator(side: Sequence[str | Fraction]) -> bool:
     return bool(side) and side[0] in ("*", "/")
 
 
-def _evaluate(tokens: Sequence[str | Fraction]) -> Fraction | None:
+def evaluate(tokens: Sequence[str | Fraction]) -> Fraction | None:
     """Value of an expression of numbers, ``+ - * /`` and parentheses (usual precedence), or ``None``."""
     position = 0
 
@@ -162,7 +162,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     return [(m.lastgroup or "other", m.group()) for m in _TOKEN_RE.finditer(_normalise(text))]
 
 
-def _runs(text: str) -> list[list[str | Fraction]]:
+def runs(text: str) -> list[list[str | Fraction]]:
     """Maximal runs of arithmetic tokens (numbers as :class:`Fraction`, ``=`` kept as a token).
 
     A run is broken by anything that is not a number, an operator, ``=``, a parenthesis or
@@ -201,7 +201,7 @@ def find_equations(text: str) -> list[Equation]:
     (no operator) and ``3 + 4`` (no ``=``) are not.
     """
     equations: list[Equation] = []
-    for tokens in _runs(text):
+    for tokens in runs(text):
         sides: list[list[str | Fraction]] = [[]]
         for token in tokens:
             if token == "=":
@@ -211,8 +211,8 @@ def find_equations(text: str) -> list[Equation]:
         # Strip dangling operators and parentheses at the run's ends ("= 7." or "(3 + 4 = 7").
         cleaned = [tuple(_trim(side)) for side in sides]
         cleaned = [side for side in cleaned if side]
-        if len(cleaned) >= 2 and any(_has_operator(side) for side in cleaned):
-            shown = " = ".join(" ".join(_show(t) for t in side) for side in cleaned)
+        if len(cleaned) >= 2 and any(has_operator(side) for side in cleaned):
+            shown = " = ".join(" ".join(show(t) for t in side) for side in cleaned)
             equations.append(Equation(sides=tuple(cleaned), text=shown))
     return equations
 
@@ -227,16 +227,16 @@ def _trim(side: list[str | Fraction]) -> list[str | Fraction]:
     return side
 
 
-def _show(token: str | Fraction) -> str:
+def show(token: str | Fraction) -> str:
     if isinstance(token, Fraction):
         return str(token.numerator) if token.denominator == 1 else f"{float(token):g}"
     return token
 
 
-def _stated_numbers(text: str) -> list[Fraction]:
+def stated_numbers(text: str) -> list[Fraction]:
     """Numbers of ``text`` outside its equations (labels, ordinals and the answer sentence removed)."""
     runs_numbers = [n for eq in find_equations(text) for n in eq.numbers()]
-    all_numbers = [t for tokens in _runs(text) for t in tokens if isinstance(t, Fraction)]
+    all_numbers = [t for tokens in runs(text) for t in tokens if isinstance(t, Fraction)]
     remaining = list(all_numbers)
     for n in runs_numbers:
         if n in remaining:
@@ -244,15 +244,15 @@ def _stated_numbers(text: str) -> list[Fraction]:
     return remaining
 
 
-def _bare_expression_values(text: str) -> list[Fraction]:
+def bare_expression_values(text: str) -> list[Fraction]:
     """Values of expressions written without a result (``he must have 3 + 1 books``): each one is a
     quantity the step asserts, as much as a stated number is."""
     values = []
-    for tokens in _runs(text):
+    for tokens in runs(text):
         if "=" in tokens:
             continue
         side = _trim(list(tokens))
-        value = _evaluate(side) if _has_operator(side) else None
+        value = evaluate(side) if has_operator(side) else None
         if value is not None:
             values.append(value)
     return values
@@ -268,7 +268,7 @@ _RESULT_CUE_RE = re.compile(
 )
 
 
-def _result_claims(text: str) -> list[Fraction]:
+def result_claims(text: str) -> list[Fraction]:
     """Numbers ``text`` presents as the outcome of something (after "total", "left", "now", ...,
     or before "left" / "in total"), not part of an equation or expression."""
     text = _STEP_LABEL_RE.sub(" ", text)
@@ -306,6 +306,6 @@ _NUMBER_WORDS = {
 _NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", flags=re.IGNORECASE)
 
 
-def _number_words(text: str) -> list[Fraction]:
+def number_words(text: str) -> list[Fraction]:
     """Numbers written as words (``two`` .. ``twenty``): never an error on their own, but unverified."""
     return [Fraction(_NUMBER_WORDS[m.group(1).lower()]) for m in _NUMBER_WORD_RE.finditer(text)]
