@@ -70,3 +70,17 @@ def test_every_folder_says_what_it_owns() -> None:
     for path in [ROOT / f / "__init__.py" for f in FOLDERS]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         assert ast.get_docstring(tree), f"{path.relative_to(ROOT)} has no docstring saying what the folder owns"
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    wrong = []
+    for folder in FOLDERS:
+        for path in _modules(folder):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prmloop."):
+                    wrong += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{alias.name}"
+                        for alias in node.names
+                        if alias.name.startswith("_")
+                    ]
+    assert wrong == [], "a private name used across modules belongs to one of them, or is public:\n" + "\n".join(wrong)
