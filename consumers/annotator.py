@@ -132,11 +132,11 @@ def build_annotator(
     """
     strategy = settings.make_strategy()
     if settings.completer == "simulator":
-        from prmloop.models.simulator import SimulatedCompleter
+        from prmloop.models.simulator import SIMULATOR_NAME, SimulatedCompleter
 
         config, world = settings.world()
         completer = SimulatedCompleter(world, config, seed=settings.sim_seed, latency_s=settings.sim_latency)
-        return strategy, [completer], [ModelRef(backend="simulator", name=completer.name)], exact_match
+        return strategy, [completer], [ModelRef(backend=SIMULATOR_NAME, name=completer.name)], exact_match
     from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import build_backend

@@ -24,7 +24,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.backends.registry import EngineSettings, build_backend
-from prmloop.models.judge.judges import Critic, CriticVerdict, SolutionJudgment, StepwiseJudge
+from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import (
     CostLedger,
@@ -39,7 +39,17 @@ from prmloop.store.events import (
 from prmloop.store.kafka import EventProducer
 from prmloop.store.settings import KafkaSettings
 
-__all__ = ["JUDGE_GROUP", "PRODUCER", "JudgeHandler", "JudgeSettings", "build_judge", "judged_event", "run_judge"]
+__all__ = [
+    "JUDGE_GROUP",
+    "PRODUCER",
+    "JudgeHandler",
+    "JudgeSettings",
+    "build_judge",
+    "critic",
+    "judged_event",
+    "run_judge",
+    "stepwise_judge",
+]
 
 log = logging.getLogger(__name__)
 
@@ -190,33 +200,36 @@ class JudgeHandler:
         return rejected
 
 
+def stepwise_judge(settings: JudgeSettings, engine: JudgeEngine) -> StepwiseJudge:
+    """The step-wise judge ``settings`` describe, on ``engine``."""
+    return StepwiseJudge(
+        engine,
+        samples=settings.samples,
+        temperature=settings.temperature,
+        prediction_temperature=settings.prediction_temperature,
+        max_new_tokens=settings.max_new_tokens,
+        all_steps=settings.all_steps,
+        seed=settings.seed,
+    )
+
+
+def critic(settings: JudgeSettings, engine: JudgeEngine, *, max_new_tokens: int | None = None) -> Critic:
+    """The whole-solution critic ``settings`` describe, on ``engine``."""
+    return Critic(
+        engine,
+        samples=settings.critic_samples,
+        temperature=settings.temperature,
+        max_new_tokens=max_new_tokens or settings.max_new_tokens,
+        seed=settings.seed,
+    )
+
+
 def build_judge(settings: JudgeSettings) -> tuple[StepwiseJudge | Critic, ModelRef]:
     """The judge ``settings`` describe, on its backend (loaded once)."""
     engine = build_backend(settings.backend_config())
     ref = ModelRef(backend=settings.backend, name=engine.model_name)
-    if settings.method == "critic":
-        return (
-            Critic(
-                engine,
-                samples=settings.critic_samples,
-                temperature=settings.temperature,
-                max_new_tokens=settings.max_new_tokens,
-                seed=settings.seed,
-            ),
-            ref,
-        )
-    return (
-        StepwiseJudge(
-            engine,
-            samples=settings.samples,
-            temperature=settings.temperature,
-            prediction_temperature=settings.prediction_temperature,
-            max_new_tokens=settings.max_new_tokens,
-            all_steps=settings.all_steps,
-            seed=settings.seed,
-        ),
-        ref,
-    )
+    judge = critic(settings, engine) if settings.method == "critic" else stepwise_judge(settings, engine)
+    return judge, ref
 
 
 def run_judge(

@@ -44,7 +44,7 @@ from prmloop.models.backends.base import Scorer
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.prompts import solution_prompt
 from prmloop.models.scoring import step_format, teacher_forced_logprobs
-from prmloop.models.simulator import SimulatedStepUncertainty, SimulatorOptions
+from prmloop.models.simulator import SIMULATOR_NAME, SimulatedStepUncertainty, SimulatorOptions
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled, StepsScored, deterministic_event_id, make_event
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 PRODUCER = "prmloop.scorer/1"
 SCORER_GROUP = "prmloop-scorer"
-SIMULATOR_REF = ModelRef(backend="simulator", name="simulator")
+SIMULATOR_REF = ModelRef(backend=SIMULATOR_NAME, name=SIMULATOR_NAME)
 
 
 class ScorerSettings(EngineSettings, SimulatorOptions):

@@ -34,6 +34,7 @@ from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.strategies import SolutionToLabel
 
 __all__ = [
+    "SIMULATOR_NAME",
     "SimulatedCompleter",
     "SimulatedCompleterError",
     "SimulatedSolution",
@@ -42,6 +43,10 @@ __all__ = [
     "SimulatorOptions",
     "simulate_solutions",
 ]
+
+
+#: The simulator's name as a backend and as a model, wherever it stands in for one.
+SIMULATOR_NAME = "simulator"
 
 
 class SimulatedCompleterError(RuntimeError):
@@ -144,7 +149,7 @@ class SimulatedCompleter:
     solutions: Sequence[SimulatedSolution]
     config: SimulatorConfig = field(default_factory=SimulatorConfig)
     seed: int = 0
-    name: str = "simulator"
+    name: str = SIMULATOR_NAME
     #: Seconds each call sleeps: stands in for an engine's time per batched request, so services built on
     #: the simulator (the annotator under faults, its scaling benchmark) behave like ones waiting on a GPU.
     latency_s: float = 0.0

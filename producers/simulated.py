@@ -14,14 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prmloop.models.questions import Question
-from prmloop.models.simulator import SimulatedSolution
+from prmloop.models.simulator import SIMULATOR_NAME, SimulatedSolution
 from prmloop.producers.events import question_registered, solution_sampled
 from prmloop.store.events import Envelope, ModelRef
 
 __all__ = ["PRODUCER", "SIMULATOR_REF", "simulated_events", "simulated_question_id", "simulated_solution_id"]
 
 PRODUCER = "prmloop.simulate/1"
-SIMULATOR_REF = ModelRef(backend="simulator", name="simulator")
+SIMULATOR_REF = ModelRef(backend=SIMULATOR_NAME, name=SIMULATOR_NAME)
 
 
 def simulated_question_id(seed: int, index: int) -> str:

@@ -23,9 +23,8 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from prmloop.consumers.judge import JudgeSettings
+from prmloop.consumers.judge import JudgeSettings, critic, stepwise_judge
 from prmloop.models.backends.registry import build_backend
-from prmloop.models.judge.judges import Critic, StepwiseJudge
 from prmloop.models.judge.metrics import error_detection_f1, rejection_curve, uncertainty_auc
 from prmloop.models.processbench import ProcessBenchItem, processbench_f1, read_processbench
 from prmloop.models.questions import data_dir
@@ -92,15 +91,8 @@ def evaluate_judge(
     items, _ = read_processbench(path)
     chosen = _choose(items, settings.limit)
     engine = build_backend(settings.backend_config())
-    judge = StepwiseJudge(
-        engine,
-        samples=settings.samples,
-        temperature=settings.temperature,
-        prediction_temperature=settings.prediction_temperature,
-        max_new_tokens=settings.max_new_tokens,
-        seed=settings.seed,
-    )
-    critic = Critic(engine, samples=settings.critic_samples, max_new_tokens=settings.critic_max_new_tokens)
+    judge = stepwise_judge(settings, engine)
+    whole = critic(settings, engine, max_new_tokens=settings.critic_max_new_tokens)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     critic_predictions: list[int | None] = []
@@ -128,7 +120,7 @@ def evaluate_judge(
             if progress is not None:
                 progress(row)
         if settings.critic:
-            outcome = critic.judge(item.problem, item.steps)
+            outcome = whole.judge(item.problem, item.steps)
             tokens["critic"] += outcome.generated_tokens
             found = outcome.first_error_step
             critic_predictions.append(-2 if found == "unparsed" else found)
