@@ -45,6 +45,7 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
+from prmloop.store.poison import TransientError
 from prmloop.store.settings import KafkaSettings
 
 __all__ = [
@@ -321,7 +322,9 @@ class Annotator:
             self.stats.last_published = time.time()
         self.stats.count("rejected", len(rejected))
         if failed:
-            raise RuntimeError("; ".join(failed))
+            # The completer kept failing: an engine outage may pass, so the runtime retries the batch
+            # with backoff (a RuntimeError would be taken for poison and dead-letter the solution).
+            raise TransientError("; ".join(failed))
         return rejected
 
     def _one(self, consumed: ConsumedEvent) -> tuple[str, Envelope | str | None]:

@@ -9,7 +9,8 @@ Methods: ``stepwise`` (:class:`~prmloop.models.judge.judges.StepwiseJudge`: per-
 probability, CoT Entropy and its split, stopping at the first error unless ``--all-steps``) and
 ``critic`` (:class:`~prmloop.models.judge.judges.Critic`: the first wrong paragraph of the whole
 solution, the ProcessBench protocol). A solution without steps or problem text is dead-lettered with
-the reason; a model failure raises, so the runtime retries the batch with backoff.
+the reason; a model server that cannot be reached is retried with backoff by the runtime, any other
+failure dead-letters the solution it happened on (``prmloop.store.poison``).
 """
 
 from __future__ import annotations

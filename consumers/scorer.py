@@ -28,7 +28,8 @@ uncertainty-driven search must be able to place the first error at step 0 too.
 
 A solution without steps, with step offsets that do not match its steps, or that needs teacher
 forcing but carries no problem text is rejected to ``solutions.sampled.dlq`` with the reason; a model
-failure raises, so the runtime retries the batch with backoff.
+server that cannot be reached is retried with backoff, any other failure dead-letters the solution it
+happened on (``prmloop.store.poison``).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import Envelope, ModelRef, StepsLabeled, StepsScored, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.poison import TransientError, is_transient
 from prmloop.store.topics import TopicSpec, dlq_topic
 
 SIM = ModelRef(backend="simulator", name="simulator")
@@ -164,8 +165,9 @@ def test_a_solution_that_keeps_aborting_is_dead_lettered_on_the_third_try() -> N
     for attempt in range(2):
         try:
             handler(batch)
-        except RuntimeError as error:  # the runtime retries the batch with backoff
+        except TransientError as error:  # the runtime retries the batch with backoff
             assert "aborted" in str(error) and "engine down" in str(error)
+            assert is_transient(error)
         else:
             raise AssertionError(f"attempt {attempt} should have failed the batch")
     rejected = list(handler(batch))
