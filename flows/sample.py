@@ -40,6 +40,11 @@ _T = TypeVar("_T")
 @task(name="load-questions", cache_policy=NO_CACHE)
 def load_questions_task(settings: SampleSettings) -> tuple[list[Question], list[str]]:
     """Questions of the configured source, and one message per unusable input."""
+    queue = None
+    if settings.from_queue:
+        from prmloop.store.settings import StateSettings
+
+        queue = settings.db or StateSettings().db_path
     return load_source(
         dataset=settings.dataset,
         file=settings.file,
@@ -47,6 +52,7 @@ def load_questions_task(settings: SampleSettings) -> tuple[list[Question], list[
         split=settings.split,
         level=settings.level,
         seed=settings.seed,
+        queue=queue,
     )
 
 

@@ -1,4 +1,5 @@
-"""The one builder of each event a producer emits: ``QuestionRegistered`` and ``SolutionSampled``.
+"""The one builder of each event a producer emits: ``QuestionRegistered``, ``QuestionPrioritized`` and
+``SolutionSampled``.
 
 Every question source (a data set, a JSONL file, ProcessBench, the simulator, the prioritized queue)
 goes through these two functions, so every path derives event ids the same way and every solution
@@ -16,6 +17,7 @@ from prmloop.models.questions import Question
 from prmloop.store.events import (
     Envelope,
     ModelRef,
+    QuestionPrioritized,
     QuestionRegistered,
     SamplingSpec,
     SolutionSampled,
@@ -24,7 +26,7 @@ from prmloop.store.events import (
     make_event,
 )
 
-__all__ = ["question_registered", "solution_sampled"]
+__all__ = ["question_prioritized", "question_registered", "solution_sampled"]
 
 
 def question_registered(question: Question, *, producer: str) -> Envelope:
@@ -39,6 +41,30 @@ def question_registered(question: Question, *, producer: str) -> Envelope:
         metadata=dict(question.metadata),
     )
     return make_event(payload, producer=producer, event_id=deterministic_event_id("QuestionRegistered", question.id))
+
+
+def question_prioritized(
+    question: Question,
+    *,
+    priority: float,
+    round: int,
+    signals: Mapping[str, float],
+    identity: Sequence[object],
+    producer: str,
+    prm: ModelRef | None = None,
+    causation_id: uuid.UUID | None = None,
+) -> Envelope:
+    """``QuestionPrioritized`` of ``question`` in prioritization round ``round``.
+
+    Args:
+        identity: what makes this the same decision on a re-run (question, round, probe seed, model);
+            the event id is a UUIDv5 of it, so re-running a round stores nothing new.
+    """
+    payload = QuestionPrioritized(
+        question_id=question.id, priority=priority, round=round, signals=dict(signals), prm=prm
+    )
+    event_id = deterministic_event_id("QuestionPrioritized", question.id, *identity)
+    return make_event(payload, producer=producer, event_id=event_id, causation_id=causation_id)
 
 
 def solution_sampled(

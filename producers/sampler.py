@@ -22,7 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,6 +64,10 @@ class SampleSettings(EngineSettings):
         description="gsm8k, math500, math or gsm_plus (from ../shared/data), or arith (generated, exact first errors)",
     )
     file: Path | None = Field(default=None, description="JSONL questions: {id, problem, answer} per line")
+    from_queue: bool = Field(
+        default=False, description="take the highest-priority questions of `prmloop prioritize` from the store"
+    )
+    db: Path | None = Field(default=None, description="--from-queue: the store (default: $PRMLOOP_HOME/prmloop.duckdb)")
     limit: int | None = Field(default=None, ge=1, description="only the first N questions")
     split: str | None = Field(default=None, description="data-set split, e.g. test or train")
     level: int = Field(default=1, ge=1, le=5, description="arith: difficulty level 1-5 (see the README's table)")
@@ -132,6 +136,8 @@ class SampledQuestion:
     completion_tokens: int
     answer_dispersion: float
     wall_s: float
+    answers: list[str | None] = field(default_factory=list)
+    mean_nll: list[float] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         """One row of the per-question table artifact."""
@@ -249,6 +255,8 @@ def sample_question(
         completion_tokens=sum(c.completion_tokens for c in completions),
         answer_dispersion=dispersion,
         wall_s=time.perf_counter() - started,
+        answers=answers,
+        mean_nll=[r.mean_nll for r in records if r.mean_nll is not None],
     )
 
 

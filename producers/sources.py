@@ -136,6 +136,9 @@ def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[
     return questions, errors
 
 
+#: Questions taken from the prioritized queue when ``--from-queue`` is given no ``--limit``.
+QUEUE_DEFAULT_QUESTIONS = 8
+
 #: Questions generated when ``--dataset arith`` is given no ``--limit``.
 ARITH_DEFAULT_QUESTIONS = 20
 
@@ -148,21 +151,41 @@ def load_source(
     split: str | None = None,
     level: int = 1,
     seed: int = 0,
+    queue: Path | None = None,
 ) -> tuple[list[Question], list[str]]:
     """The questions of exactly one source (a data set name or a JSONL file) and the per-input errors.
 
     ``dataset="arith"`` generates the verifiable arithmetic curriculum (:mod:`prmloop.producers.arith`)
     at ``level`` with ``seed``: ``limit`` questions (default :data:`ARITH_DEFAULT_QUESTIONS`).
 
+    ``queue`` (a store file) takes the ``limit`` highest-priority questions that were not sampled since
+    they were prioritized (:func:`~prmloop.store.queue.queued_questions`; default limit 8).
+
     Questions without a gold answer are left out and reported (their solutions cannot be graded).
 
     Raises:
-        QuestionFileError: no source, two sources, a missing file, or no usable question at all.
+        QuestionFileError: no source, two sources, a missing file, an empty queue, or no usable question.
     """
-    if (dataset is None) == (file is None):
-        raise QuestionFileError("give exactly one question source: --dataset (e.g. gsm8k) or --file (a JSONL path)")
+    if sum(s is not None for s in (dataset, file, queue)) != 1:
+        raise QuestionFileError(
+            "give exactly one question source: --dataset (e.g. gsm8k), --file (a JSONL path) or --from-queue"
+        )
     errors: list[str] = []
-    if file is not None:
+    if queue is not None:
+        from prmloop.store.queue import queued_questions
+
+        rows = queued_questions(queue, limit or QUEUE_DEFAULT_QUESTIONS)
+        if not rows:
+            raise QuestionFileError(
+                f"the question queue in {queue} is empty: run `prmloop prioritize` first (and keep the sink running)"
+            )
+        questions = [
+            Question(
+                id=r.question_id, dataset=r.dataset, problem=r.problem, gold_answer=r.gold_answer, metadata=r.metadata
+            )
+            for r in rows
+        ]
+    elif file is not None:
         questions, errors = read_question_file(Path(file))
         questions = questions[:limit] if limit is not None else questions
     elif dataset == "arith":

@@ -8,6 +8,7 @@ SELECT
     payload->>'problem' AS problem,
     payload->>'gold_answer' AS gold_answer,
     payload->>'source' AS source,
+    payload->'metadata' AS metadata,
     occurred_at AS registered_at,
     event_id
 FROM events

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from prmloop.flows.prefect_home import isolate_prefect_state
 from prmloop.store.settings import StateSettings
 
 __all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
@@ -45,8 +46,12 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @app.callback()
-def _root(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress")] = False) -> None:
+def _root(
+    ctx: typer.Context, verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress")] = False
+) -> None:
     _setup_logging(verbose)
+    # Prefect's state goes under $PRMLOOP_HOME, not the ~/.prefect every other Prefect run shares.
+    ctx.with_resource(isolate_prefect_state(StateSettings().home))
 
 
 def stop_on_signals() -> threading.Event:

@@ -16,6 +16,7 @@ from prmloop.consumers.scorer import ScorerSettings
 from prmloop.flows.cli.app import DbOption, app, err, stop_on_signals
 from prmloop.flows.cli.options import settings_command
 from prmloop.models.simulator import SimulatorOptions
+from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
 from prmloop.store.broker import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
@@ -29,9 +30,27 @@ def sample(settings: SampleSettings) -> None:
     """
     from prmloop.flows.sample import run_sample
 
+    if sum((settings.dataset is not None, settings.file is not None, settings.from_queue)) != 1:
+        raise typer.BadParameter("give exactly one of --dataset, --file and --from-queue")
+    summary = run_sample(settings, progress=err.is_terminal, prefect=settings.prefect)
+    for message in summary.get("question_errors", []):
+        err.print(f"skipped: {message}", markup=False, highlight=False)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
+
+
+@settings_command(app, PrioritizeSettings, name="prioritize")
+def prioritize(settings: PrioritizeSettings) -> None:
+    """Probe questions with a few samples each and publish their priorities (`questions.prioritized`).
+
+    The priority favours questions the generator answers right about half the time, with dispersed
+    answers and uncertain tokens; all-wrong and all-right probes rank down. `prmloop sample --from-queue`
+    then samples the highest first. Runs as the Prefect flow `prioritize` (--no-prefect: plain functions).
+    """
+    from prmloop.flows.prioritize import run_prioritize
+
     if (settings.dataset is None) == (settings.file is None):
         raise typer.BadParameter("give exactly one of --dataset and --file")
-    summary = run_sample(settings, progress=err.is_terminal, prefect=settings.prefect)
+    summary = run_prioritize(settings)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))

@@ -3,19 +3,9 @@ publishes the accuracy table and the report (with both plots) under stable artif
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[None]:
-    """A throw-away Prefect API (temporary server and database) for this module's flow runs."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def test_calibrate_flow_publishes_table_and_report_artifacts(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,14 +26,6 @@ def write_lines(path: Path, lines: Sequence[str]) -> Path:
 # ------------------------------------------------------------------------------------------------
 # The flow against the real broker, with the tiny random model
 # ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def read_events(servers: str, topics: Sequence[str], question_ids: set[str]) -> list[Envelope]:
