@@ -2,7 +2,8 @@
 
 A thin orchestration of :mod:`prmloop.producers.prioritize`: load the questions (any question source),
 publish their registrations, probe each with a few samples (one Prefect task per question, retried: the
-probe's seed is fixed, so a retry draws the same samples), publish the priorities, and record a table
+probe's seed is fixed, so a retry draws the same samples), publish the probe's graded solutions (real
+samples the loop labels like any other) and the priorities, and record a table
 artifact ``prioritize-queue`` (the queue, highest first). ``prmloop sample --from-queue`` then samples
 the highest-priority questions first.
 """
@@ -116,7 +117,7 @@ def _pipeline(
     results: list[Prioritized] = []
     for question in questions:
         done: Prioritized = _run(probe_task, use_prefect, generator, model, question, settings, prm)
-        _run(publish_task, use_prefect, bootstrap_servers, [done.event])
+        _run(publish_task, use_prefect, bootstrap_servers, [*done.solutions, done.event])
         results.append(done)
         if on_question is not None:
             on_question(done)

@@ -74,6 +74,9 @@ class PrioritizeSettings(EngineSettings):
     extreme_factor: float = Field(
         default=0.1, ge=0.0, le=1.0, description="priority factor for all-wrong (hopeless) or all-right probes"
     )
+    publish_probes: bool = Field(
+        default=True, description="publish the probe's graded solutions to solutions.sampled (no token wasted)"
+    )
     prm: Path | None = Field(default=None, description="a trained PRM's artifact directory (adds the PRM spread)")
     prefect: bool = Field(default=True, description="run as the Prefect flow `prioritize` (tasks, artifact)")
 
@@ -112,7 +115,8 @@ def probe_seed(seed: int, round: int) -> int:
 
 @dataclass(frozen=True)
 class Prioritized:
-    """One question's probe, signals, priority and its ``QuestionPrioritized`` event."""
+    """One question's probe, signals, priority, its ``QuestionPrioritized`` event and the probe's
+    solutions (``SolutionSampled``, the graded ones: real samples the loop can label like any other)."""
 
     question: Question
     probe: Probe
@@ -120,6 +124,7 @@ class Prioritized:
     priority: float
     event: Envelope
     wall_s: float
+    solutions: tuple[Envelope, ...] = ()
 
     def row(self) -> dict[str, Any]:
         """One row of the per-question table artifact."""
@@ -132,20 +137,21 @@ class Prioritized:
 
 def _probe(
     generator: Generator, model: ModelRef, question: Question, settings: PrioritizeSettings, prm: SolutionScorer | None
-) -> Probe:
+) -> tuple[Probe, list[Envelope]]:
     sampled = sample_question(generator, model, question, settings.probe_settings())
     prm_scores: tuple[float, ...] | None = None
     if prm is not None:
         steps = [e.payload.steps for e in sampled.events if isinstance(e.payload, SolutionSampled)]
         step_scores = prm.score_solutions([question.problem] * len(steps), steps)
         prm_scores = tuple(min(s) if s else 0.0 for s in step_scores)
-    return Probe(
+    probe = Probe(
         answers=tuple(sampled.answers),
         correct=tuple(sampled.correct),
         mean_nll=tuple(sampled.mean_nll),
         prm_scores=prm_scores,
         tokens=sampled.completion_tokens,
     )
+    return probe, sampled.events
 
 
 def prioritize_question(
@@ -160,7 +166,7 @@ def prioritize_question(
 ) -> Prioritized:
     """Probe ``question``, compute its signals and priority, and build its ``QuestionPrioritized``."""
     started = time.perf_counter()
-    probe = _probe(generator, model, question, settings, prm)
+    probe, solutions = _probe(generator, model, question, settings, prm)
     signals = priority_signals(probe, calibrator)
     value = priority(signals, settings.weights())
     event = question_prioritized(
@@ -172,4 +178,12 @@ def prioritize_question(
         identity=(settings.round, settings.seed, model.model_dump(mode="json"), settings.k),
         producer=PRODUCER,
     )
-    return Prioritized(question, probe, signals, value, event, time.perf_counter() - started)
+    return Prioritized(
+        question,
+        probe,
+        signals,
+        value,
+        event,
+        time.perf_counter() - started,
+        tuple(solutions) if settings.publish_probes else (),
+    )

@@ -77,3 +77,30 @@ def bench_aggregate_cmd(
     result = bench_aggregate(pool, scores, prm=prm, score_rule=score_rule, repeats=repeats)
     result.pop("per_method", None)
     typer.echo(json.dumps(result))
+
+
+@bench_app.command("loop")
+def bench_loop_cmd(
+    *,
+    questions: Annotated[int, typer.Option(help="questions in the simulated pool")] = 400,
+    budget_tokens: Annotated[int, typer.Option(help="generated tokens each arm may spend")] = 1_000_000,
+    k: Annotated[int, typer.Option("-k", help="solutions sampled per taken question")] = 8,
+    probe_k: Annotated[int, typer.Option(help="probe samples per question (prioritized arm)")] = 4,
+    judge_accuracy: Annotated[float, typer.Option(help="probability the judge agrees with a label")] = 0.75,
+    oversample: Annotated[int, typer.Option(help="questions probed per question taken (prioritized arm)")] = 2,
+    repeats: Annotated[int, typer.Option(help="simulated pools; ratios are averaged over them")] = 5,
+    seed: int = 0,
+) -> None:
+    """Does prioritizing pay? Prioritized vs random question order on the same pool and token budget."""
+    from prmloop.flows.bench.loop import LoopBenchSettings, bench_loop
+
+    settings = LoopBenchSettings(
+        questions=questions,
+        budget_tokens=budget_tokens,
+        k=k,
+        probe_k=probe_k,
+        judge_accuracy=judge_accuracy,
+        oversample=oversample,
+        seed=seed,
+    )
+    typer.echo(json.dumps(bench_loop(settings, repeats=repeats)))
