@@ -120,7 +120,7 @@ def answer_dispersion_normalized(answers: Sequence[str | None]) -> float:
         return 0.0
     counts = Counter("\x00none" if a is None else a for a in answers).values()
     entropy = -sum(c / n * math.log(c / n) for c in counts)
-    return entropy / math.log(n)
+    return max(0.0, entropy / math.log(n))
 
 
 def token_uncertainty(mean_nll: Sequence[float]) -> float | None:

@@ -1,7 +1,8 @@
 """The ``prmloop`` command line: one module per command group, options declared by the services' settings.
 
-``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (sample, score, annotate, simulate,
-import, serve, demo), ``bench`` and ``evals``. :func:`main` is the console entry point.
+``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (prioritize, sample, score, annotate,
+judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments), ``bench`` and
+``evals``. :func:`main` is the console entry point.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
-from prmloop.flows.cli import bench, evals, pipeline, store
+from prmloop.flows.cli import bench, evals, pipeline, stack, store
 from prmloop.flows.cli.app import app, err
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
@@ -19,7 +20,7 @@ from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 
 __all__ = ["app", "main"]
 
-_COMMAND_GROUPS = (bench, evals, pipeline, store)  # imported for the commands they register
+_COMMAND_GROUPS = (bench, evals, pipeline, stack, store)  # imported for the commands they register
 
 
 def main() -> None:
@@ -28,7 +29,15 @@ def main() -> None:
         app()
     except ValidationError as exc:
         _error(validation_message(exc))
-    except (BrokerError, PublishError, ReadOnlyViolation, StoreLocked, FileNotFoundError, ValueError) as exc:
+    except (
+        BrokerError,
+        PublishError,
+        ReadOnlyViolation,
+        StoreLocked,
+        FileNotFoundError,
+        ValueError,
+        TimeoutError,
+    ) as exc:
         _error(str(exc))
 
 

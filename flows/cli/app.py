@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from prmloop.flows.prefect_home import isolate_prefect_state
+from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
 from prmloop.store.settings import StateSettings
 
 __all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
@@ -51,7 +53,15 @@ def _root(
 ) -> None:
     _setup_logging(verbose)
     # Prefect's state goes under $PRMLOOP_HOME, not the ~/.prefect every other Prefect run shares.
-    ctx.with_resource(isolate_prefect_state(StateSettings().home))
+    home = StateSettings().home
+    ctx.with_resource(isolate_prefect_state(home))
+    # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
+    if not USER_CHOSE_PREFECT and "prefect" not in sys.modules:
+        from prmloop.flows.stack import prefect_api_url
+
+        url = prefect_api_url(StateSettings(home=home))
+        if url:
+            os.environ["PREFECT_API_URL"] = url
 
 
 def stop_on_signals() -> threading.Event:

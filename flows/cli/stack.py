@@ -1,0 +1,67 @@
+"""Commands that run the whole loop on one machine: up, down, deployments serve."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from prmloop.flows.cli.app import app, err
+
+deployments_app = typer.Typer(help="The loop's Prefect deployments on this machine.", no_args_is_help=True)
+app.add_typer(deployments_app, name="deployments")
+
+
+def _say(line: str) -> None:
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def up(
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only",
+            help="start just these (repeatable): broker, sink, scorer, annotator, judge, consensus, prefect, deployments",  # noqa: E501
+        ),
+    ] = None,
+    without: Annotated[list[str] | None, typer.Option("--without", help="start all but these (repeatable)")] = None,
+) -> None:
+    """Start everything one machine needs in the background: the embedded broker, the sink, the scorer,
+    annotator, judge and consensus services, a Prefect server with its UI, and the served deployments.
+
+    State and logs go under $PRMLOOP_HOME (run/, logs/); a second `up` says what is already running.
+    `prmloop down` stops it all.
+    """
+    from prmloop.flows.stack import SERVICES
+    from prmloop.flows.stack import up as start
+
+    services = [s for s in (only or SERVICES) if s not in set(without or ())]
+    summary = start(services, say=_say)
+    prefect = summary["running"].get("prefect")
+    if prefect:
+        _say(f"Prefect UI: {prefect['url'].removesuffix('/api')}  (prmloop commands now report their flow runs there)")
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def down(
+    grace: Annotated[float, typer.Option(help="seconds each service gets to stop before it is killed")] = 20.0,
+) -> None:
+    """Stop everything `prmloop up` started, in reverse order."""
+    from prmloop.flows.stack import down as stop
+
+    typer.echo(json.dumps({"stopped": stop(grace_s=grace, say=_say)}))
+
+
+@deployments_app.command("serve")
+def serve(
+    schedule: Annotated[
+        bool, typer.Option(help="run the deployments on their schedules (off: run them from the UI)")
+    ] = False,
+) -> None:
+    """Serve the prioritize, sample and calibrate deployments to the Prefect server until Ctrl-C."""
+    from prmloop.flows.deployments import serve_deployments
+
+    serve_deployments(schedule=schedule)

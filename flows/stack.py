@@ -1,0 +1,249 @@
+"""``prmloop up`` / ``prmloop down``: everything one machine needs, as background processes.
+
+``up`` starts, in order, the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), the sink,
+the scorer, annotator, judge and consensus services, a Prefect server with its UI, and a process that
+serves the loop's deployments (:mod:`prmloop.flows.deployments`). Each runs in its own session (it
+outlives the ``up`` command), logs to ``$PRMLOOP_HOME/logs/<name>.log`` and is recorded in
+``$PRMLOOP_HOME/run/<name>.json`` (pid, command line, start time, and for the Prefect server its URL).
+A second ``up`` says what is already running and starts only what is not. ``down`` stops them in the
+reverse order (SIGTERM, then SIGKILL after a grace period) and removes the records.
+
+While the Prefect server is up, every ``prmloop`` command sends its flow runs to it (see
+:func:`prefect_api_url`), so they show in the UI; otherwise flows use a throw-away local API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prmloop.flows.prefect_home import prefect_home
+from prmloop.store.broker import find_bootstrap_servers, free_port
+from prmloop.store.settings import KafkaSettings, StateSettings
+
+__all__ = [
+    "SERVICES",
+    "ServiceState",
+    "down",
+    "prefect_api_url",
+    "running_services",
+    "up",
+]
+
+#: Every service ``up`` knows, in start order.
+SERVICES: tuple[str, ...] = ("broker", "sink", "scorer", "annotator", "judge", "consensus", "prefect", "deployments")
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    name: str
+    pid: int
+    argv: list[str]
+    started_at: float
+    log: str
+    url: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return _alive(self.pid, self.argv)
+
+
+def _alive(pid: int, argv: Sequence[str]) -> bool:
+    """The process exists and is still the one we started (not a recycled pid)."""
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True
+    if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[-1].startswith("Z"):
+        return False  # a zombie: exited, waiting to be reaped
+    parts = [c.decode(errors="replace") for c in cmdline if c]
+    # A script is run by its interpreter ([python, script, args...]): match the program's name and the args.
+    tail = list(argv[1:])
+    name = Path(argv[0]).name
+    return parts[len(parts) - len(tail) :] == tail and any(
+        Path(p).name == name for p in parts[: len(parts) - len(tail)]
+    )
+
+
+def _run_dir(state: StateSettings) -> Path:
+    return state.home / "run"
+
+
+def _record(state: StateSettings, name: str) -> Path:
+    return _run_dir(state) / f"{name}.json"
+
+
+def read_state(state: StateSettings, name: str) -> ServiceState | None:
+    try:
+        return ServiceState(**json.loads(_record(state, name).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def running_services(state: StateSettings | None = None) -> dict[str, ServiceState]:
+    """The services ``up`` started that are still running (stale records are ignored)."""
+    state = state or StateSettings()
+    found = {}
+    for name in SERVICES:
+        record = read_state(state, name)
+        if record is not None and record.alive:
+            found[name] = record
+    return found
+
+
+def prefect_api_url(state: StateSettings | None = None) -> str | None:
+    """The API URL of the Prefect server ``up`` started, if it is running."""
+    record = read_state(state or StateSettings(), "prefect")
+    return record.url if record is not None and record.url and record.alive else None
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prmloop.flows.cli", *args]
+
+
+def _command(name: str, port: int | None) -> list[str]:
+    if name == "broker":
+        return _cli("broker")
+    if name == "sink":
+        return _cli("sink")
+    if name == "scorer":
+        return _cli("score")
+    if name == "annotator":
+        return _cli("annotate", "--threads", "1")
+    if name == "judge":
+        return _cli("judge", "--threads", "1")
+    if name == "consensus":
+        return _cli("consensus")
+    if name == "prefect":
+        prefect = str(Path(sys.executable).with_name("prefect"))
+        return [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    if name == "deployments":
+        return _cli("deployments", "serve")
+    raise ValueError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
+
+
+def _wait(ready: Callable[[], bool], timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} did not come up within {timeout_s:.0f} s; see {log}")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[str], None]) -> ServiceState:
+    port = free_port() if name == "prefect" else None
+    argv = _command(name, port)
+    logs = state.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    _run_dir(state).mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}/api" if port else None
+    record = ServiceState(name, process.pid, argv, time.time(), str(log), url)
+    _record(state, name).write_text(json.dumps(record.__dict__))
+    if name == "broker":
+        _wait(lambda: find_bootstrap_servers(KafkaSettings(), state) is not None, 60, "the embedded broker", log)
+    elif name == "prefect" and url:
+        _wait(lambda: _http_ok(url + "/health"), 180, "the Prefect server", log)
+    else:
+        time.sleep(0.5)
+    if process.poll() is not None:
+        raise RuntimeError(f"{name} exited at start (code {process.returncode}); see {log}")
+    say(f"started {name} (pid {process.pid}, log {log})" + (f", UI {url.removesuffix('/api')}" if url else ""))
+    return record
+
+
+def up(
+    services: Sequence[str] = SERVICES, *, state: StateSettings | None = None, say: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Start ``services`` (in :data:`SERVICES` order) that are not running yet; returns what runs."""
+    state = state or StateSettings()
+    unknown = [s for s in services if s not in SERVICES]
+    if unknown:
+        raise ValueError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")
+    state.home.mkdir(parents=True, exist_ok=True)
+    already = running_services(state)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" or not already.get("prefect")}
+    env["PRMLOOP_HOME"] = str(state.home)
+    env.setdefault("PREFECT_HOME", str(prefect_home(state.home)))
+    wanted = [s for s in SERVICES if s in services]
+    if "broker" in wanted and KafkaSettings().bootstrap_servers:
+        say(f"broker: using KAFKA_BOOTSTRAP_SERVERS={KafkaSettings().bootstrap_servers}")
+        wanted.remove("broker")
+    started = []
+    for name in wanted:
+        if name in already:
+            record = already[name]
+            say(f"{name} is already running (pid {record.pid}, log {record.log})")
+            continue
+        if name == "deployments" and "prefect" not in running_services(state):
+            say("deployments: not started (they need the Prefect server: add prefect)")
+            continue
+        url = prefect_api_url(state)
+        if url and name != "prefect":
+            env["PREFECT_API_URL"] = url
+        _start(state, name, env, say)
+        started.append(name)
+    running = running_services(state)
+    return {
+        "home": str(state.home),
+        "started": started,
+        "running": {n: {"pid": r.pid, "log": r.log, **({"url": r.url} if r.url else {})} for n, r in running.items()},
+    }
+
+
+def down(*, state: StateSettings | None = None, grace_s: float = 20.0, say: Callable[[str], None] = print) -> list[str]:
+    """Stop every service ``up`` started (reverse order): SIGTERM, SIGKILL after ``grace_s``."""
+    state = state or StateSettings()
+    stopped = []
+    for name in reversed(SERVICES):
+        record = read_state(state, name)
+        if record is None:
+            continue
+        if record.alive:
+            _signal_group(record.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while record.alive and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if record.alive:
+                say(f"{name} did not stop within {grace_s:.0f} s: killed")
+                _signal_group(record.pid, signal.SIGKILL)
+            stopped.append(name)
+            say(f"stopped {name} (pid {record.pid})")
+        _record(state, name).unlink(missing_ok=True)
+    return stopped
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal the service's whole process group (it was started in a session of its own)."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

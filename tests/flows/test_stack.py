@@ -1,0 +1,108 @@
+"""`prmloop up` / `prmloop down` with real processes: the embedded broker, the sink, a Prefect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prmloop.flows.stack import read_state, running_services
+from prmloop.store.settings import StateSettings
+
+
+def _prmloop(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "KAFKA_"))}
+    env["PRMLOOP_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "prmloop.flows.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.split(") ", 1)[-1].startswith("Z")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_up_starts_once_and_down_leaves_nothing_running(tmp_path: Path) -> None:
+    first = _prmloop(tmp_path, "up", "--only", "broker", "--only", "sink")
+    assert first.returncode == 0, first.stderr
+    summary = json.loads(first.stdout)
+    assert summary["started"] == ["broker", "sink"]
+    state = StateSettings(home=tmp_path)
+    running = running_services(state)
+    assert set(running) == {"broker", "sink"}
+    broker = running["broker"]
+    tansu = _children(broker.pid)
+    assert tansu, "the broker process has no Tansu child"
+    assert (tmp_path / "logs" / "sink.log").exists()
+
+    second = _prmloop(tmp_path, "up", "--only", "broker", "--only", "sink")
+    assert second.returncode == 0 and json.loads(second.stdout)["started"] == []
+    assert "broker is already running" in second.stderr and "sink is already running" in second.stderr
+
+    down = _prmloop(tmp_path, "down")
+    assert down.returncode == 0, down.stderr
+    assert json.loads(down.stdout)["stopped"] == ["sink", "broker"]
+    deadline = time.monotonic() + 10
+    pids = [broker.pid, running["sink"].pid, *tansu]
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.2)
+    assert all(_gone(p) for p in pids), "a process outlived `prmloop down`"
+    assert read_state(state, "broker") is None and running_services(state) == {}
+    assert json.loads(_prmloop(tmp_path, "down").stdout)["stopped"] == []
+
+
+def test_unknown_service_is_a_one_line_error(tmp_path: Path) -> None:
+    out = _prmloop(tmp_path, "up", "--only", "kafka")
+    assert out.returncode == 2 and "unknown service 'kafka'" in out.stderr
+
+
+@pytest.mark.slow
+def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
+    try:
+        up = _prmloop(tmp_path, "up", "--only", "prefect", "--only", "deployments")
+        assert up.returncode == 0, up.stderr
+        url = json.loads(up.stdout)["running"]["prefect"]["url"]
+        assert (tmp_path / "prefect").is_dir()  # Prefect's state under $PRMLOOP_HOME
+
+        probe = (
+            "import asyncio, time\n"
+            "from prefect.client.orchestration import get_client\n"
+            "from prefect.client.schemas.sorting import DeploymentSort\n"
+            "async def main():\n"
+            "    async with get_client() as c:\n"
+            "        for _ in range(120):\n"
+            "            found = await c.read_deployments(limit=50, sort=DeploymentSort.NAME_ASC)\n"
+            "            names = sorted(d.name for d in found)\n"
+            "            if len(names) >= 3: break\n"
+            "            await asyncio.sleep(1)\n"
+            "        print(names)\n"
+            "asyncio.run(main())\n"
+        )
+        env = {**os.environ, "PREFECT_API_URL": url}
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert "prioritize-local" in out.stdout and "sample-local" in out.stdout and "calibrate-local" in out.stdout
+    finally:
+        _prmloop(tmp_path, "down")
+    assert running_services(StateSettings(home=tmp_path)) == {}
