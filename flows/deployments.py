@@ -1,6 +1,6 @@
 """The loop's Prefect deployments on one machine: ``prmloop deployments serve``.
 
-Serves ``prioritize``, ``sample`` (from the prioritized queue) and ``calibrate`` as deployments of the
+Serves ``prioritize``, ``sample`` (from the prioritized queue), ``monitor`` and ``calibrate`` as deployments of the
 Prefect server that ``prmloop up`` starts, so they can be run from the UI (``Run`` on a deployment) or on
 a schedule. On a laptop the schedules are off by default (the embedded model is slow and a scheduled run
 would take the CPU from everything else); ``--schedule`` turns them on. On a cluster, use
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from prmloop.flows.calibrate import calibrate
+from prmloop.flows.monitor import monitor
 from prmloop.flows.prioritize import prioritize
 from prmloop.flows.sample import sample
 from prmloop.models.questions import data_dir
 from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
+from prmloop.store.settings import StateSettings
 
 __all__ = ["DeploymentPlan", "deployment_plans", "serve_deployments"]
 
@@ -45,6 +47,7 @@ def deployment_plans(*, questions: int = 20, level: int = 1) -> list[DeploymentP
             3600,
             {"settings": SampleSettings(from_queue=True, limit=4, k=4, m=1, n=3, max_new_tokens=256, threads=1)},
         ),
+        DeploymentPlan("monitor", monitor, 3600, {"db": str(StateSettings().db_path)}),
         DeploymentPlan(
             "calibrate",
             calibrate,

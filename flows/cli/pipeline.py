@@ -13,7 +13,7 @@ from prmloop.consumers.annotator import AnnotatorSettings
 from prmloop.consumers.consensus import ConsensusSettings
 from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
-from prmloop.flows.cli.app import DbOption, app, err, stop_on_signals
+from prmloop.flows.cli.app import app, err, stop_on_signals
 from prmloop.flows.cli.options import settings_command
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.prioritize import PrioritizeSettings
@@ -198,13 +198,14 @@ def serve(
 
 @app.command()
 def demo(
-    questions: Annotated[int, typer.Option(help="GSM8K questions to sample with SmolLM2")] = 3,
-    k: Annotated[int, typer.Option("-k", help="solutions per question")] = 4,
-    synthetic: Annotated[int, typer.Option(help="synthetic label events to publish as well")] = 5_000,
-    annotate: Annotated[int, typer.Option(help="incorrect solutions to label with SmolLM2 rollouts")] = 1,
-    db: DbOption = None,
+    minutes: Annotated[float, typer.Option(help="time budget; sizes come from a speed probe of this machine")] = 15.0,
+    home: Annotated[Path | None, typer.Option(help="the demo's own state folder (default $PRMLOOP_HOME/demo)")] = None,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads per model (default: torch's)")] = None,
+    level: Annotated[int, typer.Option(help="arithmetic curriculum level 1-5")] = 1,
+    seed: int = 0,
 ) -> None:
-    """The main job on embedded defaults: broker, sink, sample (Prefect flow), score, annotate, store, query."""
-    from prmloop.flows.demo import run_demo
+    """The whole loop once on the embedded defaults: prioritize, sample, score, annotate, judge, filter,
+    store, calibrate, prioritize again; ends with where the Prefect UI is and SQL to try."""
+    from prmloop.flows.demo import DemoSettings, run_demo
 
-    run_demo(n_events=synthetic, db_path=db, questions=questions, k=k, annotate=annotate)
+    run_demo(DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed))

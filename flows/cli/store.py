@@ -101,7 +101,35 @@ def status(
     db: DbOption = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
-    """What the store holds: events per topic and type, conflicting duplicates, the last ingestion."""
+    """How the loop is doing: services `prmloop up` runs, consumer lag per topic, events per topic and
+    type, solutions/labels per hour, acceptance rate, tokens per accepted label, current PRM and
+    calibration, conflicting duplicates, the last ingestion. One JSON object."""
+    from prmloop.flows.stack import running_services
+    from prmloop.store.broker import find_bootstrap_servers
     from prmloop.store.duck import store_health
+    from prmloop.store.metrics import loop_metrics
 
-    typer.echo(json.dumps(store_health(db_path(db), timeout_s=timeout), default=str))
+    path = db_path(db)
+    report: dict[str, object] = {
+        "services": {
+            name: {"pid": r.pid, "log": r.log, **({"url": r.url} if r.url else {})}
+            for name, r in running_services().items()
+        }
+    }
+    servers = find_bootstrap_servers()
+    if servers:
+        from prmloop.consumers.annotator import ANNOTATOR_GROUP
+        from prmloop.consumers.consensus import CONSENSUS_GROUP
+        from prmloop.consumers.judge import JUDGE_GROUP
+        from prmloop.consumers.scorer import SCORER_GROUP
+        from prmloop.consumers.sink import SINK_GROUP
+        from prmloop.store.lag import consumer_lag
+        from prmloop.store.settings import KafkaSettings
+
+        groups = [SINK_GROUP, SCORER_GROUP, ANNOTATOR_GROUP, JUDGE_GROUP, CONSENSUS_GROUP]
+        report["consumers"] = consumer_lag(servers, groups, approximate=not KafkaSettings().bootstrap_servers)
+    else:
+        report["consumers"] = "no broker reachable (prmloop up, or KAFKA_BOOTSTRAP_SERVERS)"
+    report.update(store_health(path, timeout_s=timeout))
+    report.update(loop_metrics(path, timeout_s=timeout))
+    typer.echo(json.dumps(report, default=str))

@@ -11,6 +11,7 @@ before temperature and top-p, from the raw logits of the step (``log_softmax``),
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -159,8 +160,12 @@ class TransformersBackend:
         CPU cores). Nothing is downloaded when ``model`` is a local folder.
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
         from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
+
+        if not sys.stderr.isatty():
+            hf_logging.disable_progress_bar()  # a bar redrawn 30 times is noise in a log file
 
         torch = _torch()
         if model == EMBEDDED_MODEL_NAME:

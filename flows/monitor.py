@@ -1,0 +1,99 @@
+"""The Prefect flow ``monitor``: the loop's health as artifacts with stable keys, so each run adds a
+version to the same artifact and the UI shows their history.
+
+- ``loop-per-hour`` (table): solutions, labels, judged, accepted and rejected per hour;
+- ``loop-summary`` (markdown): acceptance rate, generated tokens per accepted label, the current PRM
+  and its metrics, the latest calibration, and a plot of labels per hour.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from prmloop.store.metrics import loop_metrics
+
+__all__ = ["ARTIFACT_KEYS", "monitor", "summary_markdown"]
+
+ARTIFACT_KEYS = ("loop-per-hour", "loop-summary")
+
+
+def _plot(per_hour: list[dict[str, Any]]) -> str:
+    """A PNG of labels and solutions per hour as a data URI ('' when matplotlib is missing)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return ""
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    hours = [row["hour"][5:16] for row in per_hour]
+    for key in ("solutions", "labels", "accepted"):
+        ax.plot(hours, [row[key] for row in per_hour], marker="o", label=key)
+    ax.set_ylabel("per hour")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def summary_markdown(metrics: dict[str, Any]) -> str:
+    prm = metrics["current_prm"]
+    calibration = metrics["calibration"]
+    lines = [
+        "## prmloop: the loop",
+        "",
+        f"- solutions sampled: {metrics['solutions']} ({metrics['sampling_tokens']} tokens)",
+        f"- consensus: {metrics['accepted']} accepted, {metrics['rejected']} rejected "
+        f"(acceptance rate {_fmt(metrics['acceptance_rate'], '.1%')})",
+        "- generated tokens per accepted label (annotation + judging): "
+        + _fmt(metrics["tokens_per_accepted_label"], ",.0f"),
+        f"- current PRM: {prm['model_id']} ({prm['base_model']}), metrics {prm['metrics']}"
+        if prm
+        else "- current PRM: none yet",
+        f"- calibration: {calibration['calibration_id']} ({calibration['prm']}, {calibration['score_rule']})"
+        if calibration
+        else "- calibration: none yet",
+    ]
+    plot = _plot(metrics["per_hour"]) if metrics["per_hour"] else ""
+    if plot:
+        lines += ["", f"![labels per hour]({plot})"]
+    return "\n".join(lines) + "\n"
+
+
+@task(name="loop-metrics")
+def metrics_task(db: str) -> dict[str, Any]:
+    return loop_metrics(Path(db))
+
+
+@task(name="publish-artifacts")
+def artifacts_task(metrics: dict[str, Any]) -> None:
+    create_table_artifact(
+        key=ARTIFACT_KEYS[0],
+        table=metrics["per_hour"] or [{"hour": "-", "events": 0}],
+        description="solutions, labels, judged, accepted and rejected per hour (last 24 hours with events)",
+    )
+    create_markdown_artifact(
+        key=ARTIFACT_KEYS[1], markdown=summary_markdown(metrics), description="the loop at a glance"
+    )
+
+
+@flow(name="monitor")
+def monitor(db: str) -> dict[str, Any]:
+    """Read the loop's metrics from the store ``db`` and publish them as artifacts."""
+    metrics: dict[str, Any] = metrics_task(db)
+    artifacts_task(metrics)
+    return metrics

@@ -1,0 +1,87 @@
+"""How the loop is doing, from the store alone: what ``prmloop status`` shows and the monitor flow
+publishes as Prefect artifacts. Read-only over the projections, so it works while the sink writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prmloop.store.duck import open_reader
+
+__all__ = ["loop_metrics"]
+
+_PER_HOUR = """
+SELECT date_trunc('hour', occurred_at) AS hour,
+       count(*) FILTER (WHERE event_type = 'SolutionSampled') AS solutions,
+       count(*) FILTER (WHERE event_type = 'StepsLabeled') AS labels,
+       count(*) FILTER (WHERE event_type = 'StepsJudged') AS judged,
+       count(*) FILTER (WHERE event_type = 'LabelsAccepted') AS accepted,
+       count(*) FILTER (WHERE event_type = 'LabelsRejected') AS rejected,
+       count(*) AS events
+FROM events
+WHERE occurred_at >= (SELECT max(occurred_at) FROM events) - INTERVAL 24 HOUR
+GROUP BY 1 ORDER BY 1
+"""
+
+_COST = """
+SELECT source, coalesce(sum(generated_tokens), 0), coalesce(sum(rollouts), 0), count(*)
+FROM cost_ledger GROUP BY 1
+"""
+
+
+def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
+    return list(con.execute(sql).fetchall())
+
+
+def loop_metrics(db: Path, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
+    tokens per accepted label (annotation plus judging, sampling excluded), the current PRM and the
+    latest calibration."""
+    with open_reader(Path(db), timeout_s=timeout_s) as (con, _):
+        per_hour = [
+            {"hour": str(h), "solutions": s, "labels": lab, "judged": j, "accepted": a, "rejected": r, "events": e}
+            for h, s, lab, j, a, r, e in _rows(con, _PER_HOUR)
+        ]
+        decisions = dict(_rows(con, "SELECT decision, count(*) FROM consensus GROUP BY 1"))
+        cost = {
+            source: {"tokens": int(t), "rollouts": int(r), "events": int(n)} for source, t, r, n in _rows(con, _COST)
+        }
+        sampled = _rows(con, "SELECT coalesce(sum(completion_tokens), 0), count(*) FROM solutions")[0]
+        prm = _rows(
+            con,
+            "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
+            "WHERE kind = 'prm' ORDER BY registered_at DESC LIMIT 1",
+        )
+        calibration = _rows(
+            con,
+            "SELECT calibration_id, prm, score_rule, method, metrics, fitted_at FROM calibrations "
+            "ORDER BY fitted_at DESC LIMIT 1",
+        )
+    accepted, rejected = int(decisions.get("accepted", 0)), int(decisions.get("rejected", 0))
+    label_tokens = sum(c["tokens"] for c in cost.values())
+    return {
+        "per_hour": per_hour,
+        "accepted": accepted,
+        "rejected": rejected,
+        "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
+        "label_tokens": label_tokens,
+        "sampling_tokens": int(sampled[0]),
+        "solutions": int(sampled[1]),
+        "tokens_per_accepted_label": label_tokens / accepted if accepted else None,
+        "cost_by_source": cost,
+        "current_prm": _record(prm, ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")),
+        "calibration": _record(calibration, ("calibration_id", "prm", "score_rule", "method", "metrics", "fitted_at")),
+    }
+
+
+def _record(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    record = dict(zip(names, rows[0], strict=True))
+    for key, value in record.items():
+        if isinstance(value, str) and value.startswith("{"):
+            record[key] = json.loads(value)
+        elif value is not None and not isinstance(value, str | int | float | dict):
+            record[key] = str(value)
+    return record
