@@ -160,6 +160,9 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
     logs.mkdir(parents=True, exist_ok=True)
     _run_dir(state).mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
+    if name == "prefect":
+        # The UI's scripts call the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200.
+        env = {**env, "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True

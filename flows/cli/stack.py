@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import app, err
+from prmloop.flows.cli.app import DbOption, app, db_path, err
 
 deployments_app = typer.Typer(help="The loop's Prefect deployments on this machine.", no_args_is_help=True)
 app.add_typer(deployments_app, name="deployments")
@@ -65,3 +66,31 @@ def serve(
     from prmloop.flows.deployments import serve_deployments
 
     serve_deployments(schedule=schedule)
+
+
+@app.command()
+def screenshots(
+    out: Annotated[Path, typer.Option(help="folder for the PNG files")] = Path("out/screenshots"),
+    url: Annotated[str | None, typer.Option(help="the Prefect UI (default: the server `prmloop up` started)")] = None,
+    wait: Annotated[float, typer.Option(help="seconds each page gets to load its data")] = 20.0,
+) -> None:
+    """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium."""
+    from prmloop.flows.screenshots import take_screenshots
+    from prmloop.flows.stack import prefect_api_url
+
+    target = url or prefect_api_url()
+    if not target:
+        raise typer.BadParameter("no Prefect server found: start one with `prmloop up`, or give --url")
+    files = take_screenshots(target, out, wait_ms=int(wait * 1000))
+    for name, path in files.items():
+        _say(f"{name}: {path}")
+    typer.echo(json.dumps(files))
+
+
+@app.command()
+def monitor(db: DbOption = None) -> None:
+    """Publish the loop's metrics as Prefect artifacts (loop-per-hour, loop-summary): the flow `monitor`."""
+    from prmloop.flows.monitor import monitor as run_monitor
+
+    metrics = run_monitor(str(db_path(db)))
+    typer.echo(json.dumps({k: v for k, v in metrics.items() if k != "per_hour"}, default=str))

@@ -106,3 +106,32 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
     finally:
         _prmloop(tmp_path, "down")
     assert running_services(StateSettings(home=tmp_path)) == {}
+
+
+@pytest.mark.slow
+def test_screenshots_of_the_prefect_ui_show_the_loop(tmp_path: Path) -> None:
+    """The stack, one monitor run against a real store, and Chromium pictures of the UI pages."""
+    import shutil
+
+    from prmloop.consumers.sink import events_to_arrow
+    from prmloop.flows.bench.synthetic import synthetic_events
+    from prmloop.store.consumer import ConsumedEvent
+    from prmloop.store.duck import EventStore
+
+    if shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    store = EventStore(tmp_path / "prmloop.duckdb")
+    events = synthetic_events(200, k=4, seed=1)
+    store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 200)])
+    try:
+        assert _prmloop(tmp_path, "up", "--only", "prefect").returncode == 0
+        ran = _prmloop(tmp_path, "monitor", "--db", str(store.path))
+        assert ran.returncode == 0, ran.stderr
+        shots = _prmloop(tmp_path, "screenshots", "--out", str(tmp_path / "shots"), timeout=900)
+        assert shots.returncode == 0, shots.stderr
+        files = json.loads(shots.stdout)
+        assert {"flow-runs", "artifacts", "artifact-loop-summary", "artifact-loop-per-hour"} <= set(files)
+        sizes = {name: Path(path).stat().st_size for name, path in files.items()}
+        assert all(size > 20_000 for size in sizes.values()), sizes  # a blank page is a few kB
+    finally:
+        _prmloop(tmp_path, "down")
