@@ -8,7 +8,8 @@ mid-solution and restarted publishes the same id, and the sink keeps it once.
 Methods: ``stepwise`` (:class:`~prmloop.models.judge.judges.StepwiseJudge`: per-step decision, Eq. 5
 probability, CoT Entropy and its split, stopping at the first error unless ``--all-steps``) and
 ``critic`` (:class:`~prmloop.models.judge.judges.Critic`: the first wrong paragraph of the whole
-solution, the ProcessBench protocol). A solution without steps or problem text is dead-lettered with
+solution, the ProcessBench protocol) and ``exact`` (:class:`~prmloop.models.arith.verifier.ExactVerifier`:
+no model, the arithmetic curriculum's step checker; undecidable solutions get no verdict). A solution without steps or problem text is dead-lettered with
 the reason; a model server that cannot be reached is retried with backoff by the runtime, any other
 failure dead-letters the solution it happened on (``prmloop.store.poison``).
 """
@@ -24,6 +25,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from prmloop.models.arith.verifier import ExactVerifier
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
@@ -55,6 +57,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PRODUCER = "prmloop.judge/1"
+#: The judge name of ``--method exact`` (the arithmetic curriculum's step checker).
+EXACT_JUDGE_NAME = "arith-exact-checker"
 JUDGE_GROUP = "prmloop-judge"
 
 
@@ -63,8 +67,10 @@ class JudgeSettings(EngineSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRMLOOP_JUDGE_", frozen=True, extra="ignore")
 
-    method: Literal["stepwise", "critic"] = Field(
-        default="stepwise", description="stepwise (CoT judge per step, CoT Entropy) or critic (whole solution)"
+    method: Literal["stepwise", "critic", "exact"] = Field(
+        default="stepwise",
+        description="stepwise (CoT judge per step, CoT Entropy), critic (whole solution), or exact (the "
+        "arithmetic curriculum's step checker, no model)",
     )
     samples: int = Field(
         default=10, ge=0, description="stepwise: rationales at --temperature per step for the uncertainty (paper: 10)"
@@ -160,13 +166,16 @@ class JudgeHandler:
 
     def __init__(
         self,
-        judge: StepwiseJudge | Critic,
+        judge: StepwiseJudge | Critic | ExactVerifier,
         judge_ref: ModelRef,
         publish: Callable[[list[Envelope]], object],
     ) -> None:
         self.judge = judge
         self.judge_ref = judge_ref
-        self.method = "stepwise" if isinstance(judge, StepwiseJudge) else "critic"
+        if isinstance(judge, ExactVerifier):
+            self.method = "exact"
+        else:
+            self.method = "stepwise" if isinstance(judge, StepwiseJudge) else "critic"
         self.publish = publish
         self.counts: Counter[str] = Counter()
 
@@ -181,7 +190,10 @@ class JudgeHandler:
                 reason = "no steps" if not scored.steps else "no problem text (scored by an older scorer)"
                 rejected.append((consumed, f"{scored.solution_id}: cannot be judged: {reason}"))
                 continue
-            outcome = self.judge.judge(scored.problem, scored.steps)
+            if isinstance(self.judge, ExactVerifier):
+                outcome: SolutionJudgment | CriticVerdict = self.judge.judge_question(scored.question_id, scored.steps)
+            else:
+                outcome = self.judge.judge(scored.problem, scored.steps)
             out.append(
                 judged_event(
                     scored,
@@ -225,8 +237,10 @@ def critic(settings: JudgeSettings, engine: JudgeEngine, *, max_new_tokens: int 
     )
 
 
-def build_judge(settings: JudgeSettings) -> tuple[StepwiseJudge | Critic, ModelRef]:
-    """The judge ``settings`` describe, on its backend (loaded once)."""
+def build_judge(settings: JudgeSettings) -> tuple[StepwiseJudge | Critic | ExactVerifier, ModelRef]:
+    """The judge ``settings`` describe, on its backend (loaded once; ``exact`` loads no model)."""
+    if settings.method == "exact":
+        return ExactVerifier(), ModelRef(backend="exact", name=EXACT_JUDGE_NAME)
     engine = build_backend(settings.backend_config())
     ref = ModelRef(backend=settings.backend, name=engine.model_name)
     judge = critic(settings, engine) if settings.method == "critic" else stepwise_judge(settings, engine)
@@ -240,7 +254,7 @@ def run_judge(
     kafka: KafkaSettings | None = None,
     until: Callable[[], bool] | None = None,
     install_signal_handlers: bool = True,
-    components: tuple[StepwiseJudge | Critic, ModelRef] | None = None,
+    components: tuple[StepwiseJudge | Critic | ExactVerifier, ModelRef] | None = None,
 ) -> dict[str, Any]:
     """Run the judge until SIGTERM/SIGINT, ``until()``, ``settings.until_idle`` seconds without input, or
     ``settings.max_solutions`` judged. ``components`` replaces :func:`build_judge` (a judge already built)."""

@@ -3,8 +3,9 @@
 Stages, each a real run of the production code on the embedded SmolLM2 (CPU): register and
 **prioritize** arithmetic-curriculum questions (a probe of a few samples each; the probes' graded
 solutions are kept), **sample** the highest-priority questions from the queue, **score** their steps,
-**annotate** incorrect ones with MC rollouts, **judge** them (the whole-solution critic: the cheapest
-judge), **filter** by consensus, **store** everything in DuckDB, **train** a PRM when the training code
+**annotate** incorrect ones with MC rollouts, **judge** them (by default the curriculum's exact step
+checker: SmolLM2 is no judge, see the README; ``--judge critic|stepwise`` runs the LLM judge), **filter**
+by consensus, **store** everything in DuckDB, **train** a PRM when the training code
 and enough labels exist, **calibrate** the aggregation on a shared Best-of-N pool, and **prioritize
 again**. A stage that is not available says so and the loop goes on.
 
@@ -27,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -62,6 +63,7 @@ class DemoSettings:
     threads: int | None = None
     level: int = 1
     seed: int = 0
+    judge: Literal["exact", "critic", "stepwise"] = "exact"
 
 
 @dataclass(frozen=True)

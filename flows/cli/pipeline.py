@@ -198,14 +198,20 @@ def serve(
 
 @app.command()
 def demo(
+    *,
     minutes: Annotated[float, typer.Option(help="time budget; sizes come from a speed probe of this machine")] = 15.0,
     home: Annotated[Path | None, typer.Option(help="the demo's own state folder (default $PRMLOOP_HOME/demo)")] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads per model (default: torch's)")] = None,
     level: Annotated[int, typer.Option(help="arithmetic curriculum level 1-5")] = 1,
+    judge: Annotated[
+        str, typer.Option(help="exact (the curriculum's step checker), critic or stepwise (the LLM judge)")
+    ] = "exact",
     seed: int = 0,
 ) -> None:
     """The whole loop once on the embedded defaults: prioritize, sample, score, annotate, judge, filter,
     store, calibrate, prioritize again; ends with where the Prefect UI is and SQL to try."""
     from prmloop.flows.demo import DemoSettings, run_demo
 
-    run_demo(DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed))
+    if judge not in ("exact", "critic", "stepwise"):
+        raise typer.BadParameter(f"--judge must be exact, critic or stepwise, not {judge!r}")
+    run_demo(DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge))

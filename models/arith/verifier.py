@@ -1,0 +1,57 @@
+"""The exact checker as a judge: on the arithmetic curriculum the first error needs no LLM.
+
+``prmloop judge --method exact`` uses :class:`ExactVerifier` in place of an LLM judge. It rebuilds a
+question's reference chain from its id (``arith/L<level>/<seed>/<index>``: the generator is a function
+of these three values, see :func:`~prmloop.models.arith.curriculum.generate_question`) and runs
+:func:`~prmloop.models.arith.checker.check_steps` on the solution's steps. Its verdict has the critic's
+shape (first wrong step, ``None`` for a correct solution, ``"unparsed"`` when the checker cannot decide
+or the question is not from the curriculum), so consensus treats it like any judge: MC labels are
+accepted only where they agree with the exact first error.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+from prmloop.models.arith.checker import check_steps
+from prmloop.models.arith.curriculum import ArithChain, generate_question
+from prmloop.models.judge.judges import CriticVerdict
+
+__all__ = ["ARITH_ID", "ExactVerifier", "chain_of"]
+
+#: Ids of curriculum questions (see ``prmloop.producers.arith.arith_question_id``).
+ARITH_ID = re.compile(r"^arith/L(?P<level>[1-9])/(?P<seed>-?\d+)/(?P<index>\d+)$")
+
+
+@lru_cache(maxsize=4096)
+def chain_of(question_id: str) -> ArithChain | None:
+    """The reference chain of a curriculum question, rebuilt from its id; ``None`` for other ids."""
+    match = ARITH_ID.match(question_id)
+    if match is None:
+        return None
+    return generate_question(int(match["level"]), int(match["seed"]), int(match["index"])).chain
+
+
+@dataclass(frozen=True)
+class ExactVerifier:
+    """A judge that is never wrong where it answers: the curriculum's exact step checker."""
+
+    strictness: Literal["equations", "numbers", "lenient"] = "equations"
+
+    def parameters(self) -> dict[str, Any]:
+        return {"strictness": self.strictness}
+
+    def judge_question(self, question_id: str, steps: Sequence[str]) -> CriticVerdict:
+        started = time.perf_counter()
+        chain = chain_of(question_id)
+        if chain is None:
+            return CriticVerdict("unparsed", {"not_curriculum": 1}, 0, time.perf_counter() - started, 1)
+        check = check_steps(chain, steps, strictness=self.strictness)
+        found: int | str | None = check.first_error_step if check.status == "exact" else "unparsed"
+        votes = {str(found): 1} if check.status == "exact" else {"unknown": 1}
+        return CriticVerdict(found, votes, 0, time.perf_counter() - started, 0 if check.status == "exact" else 1)

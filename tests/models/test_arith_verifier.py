@@ -1,0 +1,68 @@
+"""The exact checker as a judge (models/arith/verifier.py) and in the judge service's handler."""
+
+from __future__ import annotations
+
+import re
+
+from prmloop.consumers.judge import EXACT_JUDGE_NAME, JudgeHandler, JudgeSettings, build_judge
+from prmloop.models.arith.curriculum import generate_question
+from prmloop.models.arith.verifier import ExactVerifier, chain_of
+from prmloop.producers.arith import arith_question_id
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
+
+
+def _wrong_at(steps: list[str], k: int) -> list[str]:
+    """Step ``k`` with its result off by one (``a op b = r`` -> ``= r+1``)."""
+    out = list(steps)
+    match = re.search(r"=\s*(-?\d+)", out[k])
+    assert match, out[k]
+    value = int(match.group(1)) + 1
+    out[k] = out[k][: match.start(1)] + str(value) + out[k][match.end(1) :]
+    return out
+
+
+def test_chain_is_rebuilt_from_the_question_id() -> None:
+    question = generate_question(2, 7, 3)
+    assert chain_of(arith_question_id(2, 7, 3)) == question.chain
+    assert chain_of("gsm8k/test/3") is None and chain_of("arith/L2/7/x") is None
+
+
+def test_verdicts_on_reference_and_corrupted_solutions() -> None:
+    verifier = ExactVerifier()
+    question = generate_question(4, 0, 1)
+    qid = arith_question_id(4, 0, 1)
+    steps = list(question.reference_steps)
+    equations = [k for k, step in enumerate(steps) if "=" in step]
+    assert len(equations) >= 2
+    assert verifier.judge_question(qid, steps).first_error_step is None
+    second = equations[1]
+    assert verifier.judge_question(qid, _wrong_at(steps, second)).first_error_step == second
+    assert verifier.judge_question("gsm8k/test/0", steps).first_error_step == "unparsed"
+
+
+def test_the_service_publishes_exact_verdicts_without_a_model() -> None:
+    judge, ref = build_judge(JudgeSettings(method="exact"))
+    assert isinstance(judge, ExactVerifier) and ref == ModelRef(backend="exact", name=EXACT_JUDGE_NAME)
+    question = generate_question(1, 0, 0)
+    steps = _wrong_at(list(question.reference_steps), 0)
+    scored = StepsScored(
+        solution_id="s1",
+        question_id=arith_question_id(1, 0, 0),
+        scorer=ModelRef(backend="test", name="t"),
+        step_uncertainty=None,
+        uncertainty_delta=None,
+        step_order=None,
+        problem=question.problem,
+        steps=tuple(steps),
+        correct=False,
+        gold_answer=str(question.answer),
+    )
+    published: list[Envelope] = []
+    handler = JudgeHandler(judge, ref, published.extend)
+    assert list(handler([ConsumedEvent(make_event(scored, producer="test"), "steps.scored", 0, 0, 0)])) == []
+    [event] = published
+    payload = event.payload
+    assert isinstance(payload, StepsJudged) and payload.method == "exact"
+    assert payload.first_error_step == 0 and payload.verdicts == (False,) * len(steps)
+    assert payload.parameters == {"strictness": "equations"}
