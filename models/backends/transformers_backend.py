@@ -11,6 +11,7 @@ before temperature and top-p, from the raw logits of the step (``log_softmax``),
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -82,6 +83,18 @@ class _StopInCompletion:
         tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
         done = [any(stop in tail for stop in self.stops) for tail in tails]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _quiet_gguf_progress() -> None:
+    import importlib
+
+    try:
+        module = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    except ImportError:
+        return
+    bar = getattr(module, "tqdm", None)
+    if bar is not None and not isinstance(bar, functools.partial):
+        setattr(module, "tqdm", functools.partial(bar, disable=True))  # noqa: B010 - a module without stubs
 
 
 class TransformersBackend:
@@ -165,7 +178,10 @@ class TransformersBackend:
         from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
 
         if not sys.stderr.isatty():
-            hf_logging.disable_progress_bar()  # a bar redrawn 30 times is noise in a log file
+            # A bar redrawn 30 times is noise in a log file: transformers' own bars, and the GGUF
+            # de-quantisation's, which uses tqdm directly (transformers 5.23).
+            hf_logging.disable_progress_bar()
+            _quiet_gguf_progress()
 
         torch = _torch()
         if model == EMBEDDED_MODEL_NAME:
