@@ -21,6 +21,7 @@ __all__ = [
     "MAX_PROBLEM_CHARS",
     "QuestionFileError",
     "QuestionLine",
+    "default_dataset",
     "load_source",
     "read_question_file",
 ]
@@ -134,6 +135,12 @@ def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[
                 )
             )
     return questions, errors
+
+
+def default_dataset(backend: str, model: str) -> str:
+    """The question source when none is given: the arithmetic curriculum on the embedded CPU model
+    (which solves about 1 GSM8K question in 160, so its labels would say nothing), GSM8K otherwise."""
+    return "arith" if (backend, model) == ("transformers", "smollm2") else "gsm8k"
 
 
 #: Questions taken from the prioritized queue when ``--from-queue`` is given no ``--limit``.

@@ -18,6 +18,7 @@ from prmloop.flows.cli.options import settings_command
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
+from prmloop.producers.sources import default_dataset
 from prmloop.store.broker import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
@@ -30,8 +31,13 @@ def sample(settings: SampleSettings) -> None:
     """
     from prmloop.flows.sample import run_sample
 
-    if sum((settings.dataset is not None, settings.file is not None, settings.from_queue)) != 1:
-        raise typer.BadParameter("give exactly one of --dataset, --file and --from-queue")
+    given = sum((settings.dataset is not None, settings.file is not None, settings.from_queue))
+    if given > 1:
+        raise typer.BadParameter("give at most one of --dataset, --file and --from-queue")
+    if given == 0:
+        dataset = default_dataset(settings.backend, settings.model)
+        err.print(f"no question source given: --dataset {dataset}", soft_wrap=True)
+        settings = settings.model_copy(update={"dataset": dataset})
     summary = run_sample(settings, progress=err.is_terminal, prefect=settings.prefect)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
@@ -48,8 +54,12 @@ def prioritize(settings: PrioritizeSettings) -> None:
     """
     from prmloop.flows.prioritize import run_prioritize
 
-    if (settings.dataset is None) == (settings.file is None):
-        raise typer.BadParameter("give exactly one of --dataset and --file")
+    if settings.dataset is not None and settings.file is not None:
+        raise typer.BadParameter("give at most one of --dataset and --file")
+    if settings.dataset is None and settings.file is None:
+        dataset = default_dataset(settings.backend, settings.model)
+        err.print(f"no question source given: --dataset {dataset}", soft_wrap=True)
+        settings = settings.model_copy(update={"dataset": dataset})
     summary = run_prioritize(settings)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)

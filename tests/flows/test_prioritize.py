@@ -122,3 +122,21 @@ def test_an_empty_queue_and_a_missing_store_say_what_to_do(tmp_path: Path) -> No
         load_source(queue=store.path)
     with pytest.raises(QuestionFileError, match="exactly one question source"):
         load_source(dataset="arith", queue=store.path)
+
+
+def test_the_embedded_model_defaults_to_the_arithmetic_curriculum() -> None:
+    from prmloop.producers.sources import default_dataset
+
+    assert default_dataset("transformers", "smollm2") == "arith"
+    assert default_dataset("vllm", "Qwen/Qwen2.5-Math-7B-Instruct") == "gsm8k"
+    assert default_dataset("transformers", "/models/qwen") == "gsm8k"
+
+
+def test_two_sources_are_a_usage_error(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+
+    for command in (["sample", "--from-queue"], ["prioritize"]):
+        out = CliRunner().invoke(app, [*command, "--dataset", "gsm8k", "--file", str(tmp_path / "q.jsonl")])
+        assert out.exit_code == 2 and "at most one" in out.output
