@@ -18,6 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prmloop.flows.limits import gpu_slot
 from prmloop.flows.sample import publish_task
 from prmloop.models.backends.base import Generator
 from prmloop.models.backends.registry import build_backend
@@ -116,7 +117,8 @@ def _pipeline(
     _run(publish_task, use_prefect, bootstrap_servers, [question_registered(q, producer=PRODUCER) for q in questions])
     results: list[Prioritized] = []
     for question in questions:
-        done: Prioritized = _run(probe_task, use_prefect, generator, model, question, settings, prm)
+        with gpu_slot(use_prefect):
+            done: Prioritized = _run(probe_task, use_prefect, generator, model, question, settings, prm)
         _run(publish_task, use_prefect, bootstrap_servers, [*done.solutions, done.event])
         results.append(done)
         if on_question is not None:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from prmloop.flows.limits import gpu_slot
 from prmloop.models.backends.base import Generator
 from prmloop.models.backends.registry import build_backend
 from prmloop.models.questions import Question
@@ -146,7 +147,8 @@ def _pipeline(
     with _progress(progress, len(questions)) as advance:
         for batch in _batches(questions, settings.batch_size):
             t0 = time.perf_counter()
-            done: list[SampledQuestion] = _call(use_prefect, sample_batch_task, generator, model, batch, settings)
+            with gpu_slot(use_prefect):
+                done: list[SampledQuestion] = _call(use_prefect, sample_batch_task, generator, model, batch, settings)
             sampling_s += time.perf_counter() - t0
             published += _call(use_prefect, publish_task, bootstrap_servers, [e for r in done for e in r.events])
             results.extend(done)
