@@ -1,7 +1,8 @@
 """The ``prmloop`` command line: one module per command group, options declared by the services' settings.
 
 ``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (prioritize, sample, score, annotate,
-judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments), ``bench`` and
+judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments),
+``prm`` (dataset, train, retrain, models), ``bench`` and
 ``evals``. :func:`main` is the console entry point.
 """
 
@@ -11,7 +12,7 @@ import sys
 
 from pydantic import ValidationError
 
-from prmloop.flows.cli import bench, evals, pipeline, stack, store
+from prmloop.flows.cli import bench, evals, pipeline, prm, stack, store
 from prmloop.flows.cli.app import app, err
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
@@ -20,7 +21,7 @@ from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 
 __all__ = ["app", "main"]
 
-_COMMAND_GROUPS = (bench, evals, pipeline, stack, store)  # imported for the commands they register
+_COMMAND_GROUPS = (bench, evals, pipeline, prm, stack, store)  # imported for the commands they register
 
 
 def main() -> None:

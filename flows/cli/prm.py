@@ -1,0 +1,243 @@
+"""Commands of PRM training: dataset snapshots and imports, train, retrain, models, eval processbench,
+bench prm."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from prmloop.flows.cli.app import DbOption, app, bench_app, db_path, err, eval_app
+from prmloop.store.settings import StateSettings
+
+dataset_app = typer.Typer(help="Dataset snapshots of the labels (Parquet + TRL PRM format).", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+models_app = typer.Typer(help="The model registry (ModelRegistered events).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+train_app = typer.Typer(help="Train models.", no_args_is_help=True)
+app.add_typer(train_app, name="train")
+
+RootOption = Annotated[Path | None, typer.Option("--root", help="snapshot folder (default $PRMLOOP_HOME/snapshots)")]
+RatiosOption = Annotated[str, typer.Option("--ratios", help="train,validation,test split ratios by question")]
+
+
+def _root(root: Path | None) -> Path:
+    return root or StateSettings().home / "snapshots"
+
+
+def _ratios(text: str) -> tuple[float, float, float]:
+    try:
+        a, b, c = (float(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--ratios takes three numbers like 0.8,0.1,0.1, not {text!r}") from None
+    return a, b, c
+
+
+def _say(line: str) -> None:
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@dataset_app.command("snapshot")
+def snapshot(
+    *,
+    db: DbOption = None,
+    kind: Annotated[str, typer.Option(help="accepted (consensus kept them) or mc (every MC label)")] = "accepted",
+    method: Annotated[str | None, typer.Option(help="only labels of this annotation method")] = None,
+    since: Annotated[datetime | None, typer.Option(help="only labels from this time on (UTC)")] = None,
+    until: Annotated[datetime | None, typer.Option(help="only labels before this time (UTC)")] = None,
+    generator: Annotated[str | None, typer.Option(help="only solutions of this generator model")] = None,
+    root: RootOption = None,
+    ratios: RatiosOption = "0.8,0.1,0.1",
+) -> None:
+    """Select labels from the store, split by question and write an immutable, content-hashed snapshot."""
+    from datetime import UTC
+
+    from prmloop.store.snapshot import select_labels, write_snapshot
+
+    if kind not in ("accepted", "mc"):
+        raise typer.BadParameter(f"--kind must be accepted or mc, not {kind!r}")
+    since_utc = since.replace(tzinfo=UTC) if since and since.tzinfo is None else since
+    until_utc = until.replace(tzinfo=UTC) if until and until.tzinfo is None else until
+    rows = select_labels(db_path(db), kind=kind, method=method, since=since_utc, until=until_utc, generator=generator)
+    selection = {
+        "db": str(db_path(db)),
+        "kind": kind,
+        "method": method,
+        "since": str(since),
+        "until": str(until),
+        "generator": generator,
+    }
+    manifest = write_snapshot(rows, _root(root), selection=selection, ratios=_ratios(ratios))
+    _say(f"snapshot {manifest['snapshot_id']}: {manifest['rows']} rows in {_root(root) / manifest['snapshot_id']}")
+    typer.echo(json.dumps(manifest))
+
+
+@dataset_app.command("import")
+def import_(
+    kind: Annotated[str, typer.Argument(help="processbench, prmbench or shepherd")],
+    files: Annotated[list[Path], typer.Argument(help="data files (JSON, JSONL or .jsonl.gz)")],
+    root: RootOption = None,
+    ratios: RatiosOption = "0.5,0.0,0.5",
+) -> None:
+    """Import outside step-labelled data as a snapshot (steps after the first error are dropped)."""
+    from prmloop.flows.datasets import import_rows
+    from prmloop.store.snapshot import write_snapshot
+
+    rows: list[Any] = []
+    for file in files:
+        found, errors = import_rows(kind, file)
+        for message in errors[:20]:
+            _say(f"skipped: {message}")
+        if len(errors) > 20:
+            _say(f"... and {len(errors) - 20} more lines skipped")
+        _say(f"{file}: {len(found)} solutions read, {len(errors)} lines skipped")
+        rows.extend(found)
+    manifest = write_snapshot(
+        rows, _root(root), selection={"import": kind, "files": [str(f) for f in files]}, ratios=_ratios(ratios)
+    )
+    typer.echo(json.dumps(manifest))
+
+
+@dataset_app.command("list")
+def list_snapshots(root: RootOption = None) -> None:
+    """The snapshots under the root, newest first (one JSON object per line)."""
+    folder = _root(root)
+    manifests = [json.loads(p.read_text()) for p in folder.glob("*/manifest.json")] if folder.is_dir() else []
+    for m in sorted(manifests, key=lambda m: m["created_at"], reverse=True):
+        typer.echo(json.dumps({k: m[k] for k in ("snapshot_id", "created_at", "rows", "questions", "label_kinds")}))
+
+
+@models_app.command("list")
+def list_models(db: DbOption = None) -> None:
+    """Registered models, newest first, with their metrics and whether they were promoted."""
+    from prmloop.flows.output import print_rows
+    from prmloop.store.duck import query
+
+    result = query(
+        db_path(db),
+        "SELECT model_id, kind, base_model, dataset_snapshot, train_examples, "
+        "payload->'parameters'->>'promoted' AS promoted, metrics, registered_at, artifact_uri "
+        "FROM model_versions JOIN events USING (event_id) ORDER BY registered_at DESC",
+    )
+    print_rows(result.columns, result.rows, "table", err=err)
+
+
+def _config(**overrides: Any) -> Any:
+    from prmloop.models.prm.model import PRMConfig
+
+    return PRMConfig(**{k: v for k, v in overrides.items() if v is not None})
+
+
+@train_app.command("prm")
+def train_prm_cmd(
+    *,
+    snapshot: Annotated[Path, typer.Option(help="a snapshot folder (prmloop dataset snapshot / import)")],
+    out: Annotated[Path, typer.Option(help="run folder: checkpoints, loss curve, the final PRM in prm/")] = Path(
+        "out/prm/run"
+    ),
+    formulation: Annotated[str, typer.Option(help="step_tag (UnPRM) or head (classification head)")] = "step_tag",
+    labels: Annotated[str, typer.Option(help="hard or soft (MC values) targets")] = "hard",
+    base_model: Annotated[str, typer.Option(help="'smollm2' or a local model folder")] = "smollm2",
+    epochs: Annotated[int, typer.Option(help="passes over the data")] = 1,
+    max_steps: Annotated[int | None, typer.Option(help="stop after this many optimizer steps")] = None,
+    batch_size: Annotated[int, typer.Option(help="solutions per step")] = 4,
+    learning_rate: Annotated[float, typer.Option(help="AdamW learning rate")] = 2e-4,
+    max_length: Annotated[int, typer.Option(help="tokens per solution")] = 768,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """Train a LoRA PRM on a snapshot's train split (resumes from the run folder's last checkpoint)."""
+    from prmloop.flows.retrain import examples_of
+    from prmloop.models.prm.train import train_prm
+
+    config = _config(
+        formulation=formulation,
+        labels=labels,
+        base_model=base_model,
+        epochs=epochs,
+        max_steps=max_steps,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        max_length=max_length,
+        threads=threads,
+    )
+    examples = examples_of(snapshot)
+    _say(f"training on {len(examples)} solutions of {snapshot}")
+    result = train_prm(
+        examples,
+        config,
+        out,
+        on_step=lambda m: _say(
+            f"step {int(m['step'])} loss {m['loss']:.4f} "
+            f"({m['steps_per_s']:.2f} steps/s, {m['tokens_per_s']:.0f} tokens/s)"
+        ),
+    )
+    typer.echo(json.dumps({"artifact": str(result.artifact_dir), "steps": result.steps, **result.metrics}))
+
+
+@app.command()
+def retrain(
+    *,
+    db: DbOption = None,
+    kind: Annotated[str, typer.Option(help="accepted or mc labels from the store")] = "accepted",
+    snapshot: Annotated[Path | None, typer.Option(help="train on this snapshot instead of a new one")] = None,
+    out: Annotated[Path, typer.Option(help="folder for snapshots and runs")] = Path("out/prm"),
+    max_steps: Annotated[int | None, typer.Option(help="optimizer steps at most")] = None,
+    eval_limit: Annotated[int, typer.Option(help="ProcessBench solutions per subset")] = 20,
+    min_examples: Annotated[int, typer.Option(help="refuse to train on fewer solutions")] = 8,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+    prefect: Annotated[bool, typer.Option(help="run as the Prefect flow `retrain`")] = True,
+    publish: Annotated[bool, typer.Option(help="publish ModelRegistered")] = True,
+) -> None:
+    """Snapshot, train, evaluate on ProcessBench and register a PRM (promoted only if not worse)."""
+    from prmloop.flows.retrain import run_retrain
+
+    summary = run_retrain(
+        prefect=prefect,
+        db=str(db_path(db)),
+        kind=kind,
+        snapshot=str(snapshot) if snapshot else None,
+        out_dir=str(out),
+        config=_config(max_steps=max_steps, threads=threads),
+        eval_limit=eval_limit,
+        min_examples=min_examples,
+        publish=publish,
+    )
+    typer.echo(json.dumps(summary, default=str))
+
+
+@eval_app.command("processbench")
+def eval_processbench_cmd(
+    prm: Annotated[
+        Path | None,
+        typer.Option(help="a trained PRM folder (…/prm); default: the base model with a fresh, untrained adapter"),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="solutions per subset")] = 40,
+    holdout: Annotated[bool, typer.Option(help="only questions a 0.5,0,0.5 import did not train on")] = False,
+    bon: Annotated[int, typer.Option(help="also Best-of-N on this many GSM8K pool problems (0: skip)")] = 0,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """ProcessBench F1 per subset (threshold chosen on GSM8K) and optionally Best-of-N accuracy."""
+    from prmloop.flows.evals.processbench import best_of_n, eval_processbench
+    from prmloop.models.prm.model import PRM
+
+    model = PRM.load(prm) if prm else PRM.create(_config(threads=threads))
+    result = eval_processbench(model.score_solutions, limit=limit, holdout=holdout, progress=_say)
+    result["prm"] = str(prm) if prm else "base model, untrained adapter"
+    if bon:
+        result["best_of_n"] = best_of_n(model.score_solutions, problems=bon)
+    typer.echo(json.dumps(result))
+
+
+@bench_app.command("prm")
+def bench_prm_cmd(
+    solutions: Annotated[int, typer.Option(help="ProcessBench GSM8K solutions with at least --min-steps steps")] = 8,
+    min_steps: Annotated[int, typer.Option(help="only solutions this long")] = 6,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
+) -> None:
+    """All step scores from one forward pass vs one pass per step prefix, same solutions, one run."""
+    from prmloop.flows.bench.prm import bench_prm
+
+    typer.echo(json.dumps(bench_prm(solutions=solutions, min_steps=min_steps, threads=threads)))

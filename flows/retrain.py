@@ -1,0 +1,192 @@
+"""The Prefect flow ``retrain``: snapshot the labels, train a PRM, evaluate it, register it.
+
+1. **snapshot**: the store's accepted labels (or MC labels, or an imported snapshot) as an immutable,
+   content-hashed snapshot (:mod:`prmloop.store.snapshot`); it refuses to train on fewer than
+   ``min_examples`` solutions;
+2. **train**: LoRA on the embedded model by default (:func:`~prmloop.models.prm.train.train_prm`),
+   resumable, with the loss per step logged to the flow run;
+3. **evaluate**: ProcessBench F1 (the Qwen protocol, a few solutions per subset on a laptop);
+4. **register**: a ``ModelRegistered`` event with the artifact's digest, the snapshot, the parent
+   model, the config and the metrics; promoted only if its F1 is not worse than the current promoted
+   PRM's (:func:`~prmloop.store.registry.should_promote`). A table artifact ``retrain-models`` records it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from prmloop.flows.evals.processbench import eval_processbench
+from prmloop.models.prm.data import PRMExample
+from prmloop.models.prm.model import PRM, PRMConfig
+from prmloop.models.prm.train import train_prm
+from prmloop.store.events import ModelRef
+from prmloop.store.registry import current_model, model_registered, should_promote
+from prmloop.store.snapshot import load_snapshot, select_labels, write_snapshot
+
+__all__ = ["examples_of", "retrain", "run_retrain"]
+
+log = logging.getLogger(__name__)
+
+
+def examples_of(snapshot: Path, split: str = "train") -> list[PRMExample]:
+    """A snapshot split as training examples."""
+    _, rows = load_snapshot(snapshot, split)
+    return [PRMExample(r.prompt, r.completions, r.labels, r.soft_labels) for r in rows]
+
+
+@task(name="snapshot", cache_policy=NO_CACHE)
+def snapshot_task(db: str, kind: str, root: str) -> dict[str, Any]:
+    rows = select_labels(Path(db), kind="accepted" if kind == "accepted" else "mc")
+    return write_snapshot(rows, Path(root), selection={"db": db, "kind": kind})
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate_task(prm: PRM, limit: int) -> dict[str, Any]:
+    return eval_processbench(prm.score_solutions, limit=limit)
+
+
+def _pipeline(
+    *,
+    db: str,
+    kind: str,
+    snapshot: str | None,
+    out_dir: str,
+    config: PRMConfig,
+    eval_limit: int,
+    min_examples: int,
+    publish: bool,
+    use_prefect: bool,
+) -> dict[str, Any]:
+    logger = get_run_logger() if use_prefect else log
+    root = Path(out_dir)
+    if snapshot is None:
+        manifest = (
+            snapshot_task(db, kind, str(root / "snapshots"))
+            if use_prefect
+            else snapshot_task.fn(db, kind, str(root / "snapshots"))
+        )
+        snapshot_dir = root / "snapshots" / manifest["snapshot_id"]
+    else:
+        snapshot_dir = Path(snapshot)
+        manifest = load_snapshot(snapshot_dir)[0]
+    examples = examples_of(snapshot_dir)
+    logger.info("snapshot %s: %d training solutions", manifest["snapshot_id"], len(examples))
+    if len(examples) < min_examples:
+        return {
+            "trained": False,
+            "reason": f"{len(examples)} training solutions < min_examples {min_examples}",
+            "snapshot": manifest,
+        }
+    run_dir = root / "runs" / f"{manifest['snapshot_id']}-{config.formulation}-{config.labels}"
+    result = train_prm(
+        examples,
+        config,
+        run_dir,
+        on_step=lambda m: logger.info(
+            "step %d loss %.4f (%.2f steps/s, %.0f tokens/s)",
+            int(m["step"]),
+            m["loss"],
+            m["steps_per_s"],
+            m["tokens_per_s"],
+        ),
+    )
+    prm = PRM.load(result.artifact_dir)
+    evaluation = evaluate_task(prm, eval_limit) if use_prefect else evaluate_task.fn(prm, eval_limit)
+    metrics = {
+        **result.metrics,
+        "processbench_gsm8k_f1": evaluation["gsm8k"]["f1"] or 0.0,
+        "processbench_math_f1": evaluation["math"]["f1"] or 0.0,
+        "threshold": evaluation["threshold"],
+    }
+    current = current_model(Path(db)) if Path(db).exists() else None
+    promote, decision = should_promote(metrics, current, "processbench_gsm8k_f1")
+    logger.info(
+        "trained %s: ProcessBench F1 gsm8k %.3f, math %.3f; %s",
+        result.artifact_dir,
+        metrics["processbench_gsm8k_f1"],
+        metrics["processbench_math_f1"],
+        decision,
+    )
+    event = model_registered(
+        artifact=result.artifact_dir,
+        base_model=ModelRef(backend="transformers", name=config.base_model),
+        snapshot_id=manifest["snapshot_id"],
+        train_examples=result.examples,
+        config=config.model_dump(mode="json"),
+        metrics=metrics,
+        promoted=promote,
+        decision=decision,
+        parent=current.get("model_id") if current else None,
+    )
+    if publish:
+        from prmloop.store.broker import require_bootstrap_servers
+        from prmloop.store.kafka import EventProducer
+
+        with EventProducer(require_bootstrap_servers()) as producer:
+            producer.publish([event])
+    summary = {
+        "trained": True,
+        "model_id": event.payload.model_id,
+        "artifact": str(result.artifact_dir),
+        "promoted": promote,
+        "decision": decision,
+        "metrics": metrics,
+        "snapshot": manifest["snapshot_id"],
+        "evaluation": evaluation,
+    }
+    if use_prefect:
+        from prefect.artifacts import create_table_artifact
+
+        create_table_artifact(
+            key="retrain-models",
+            table=[{"model": summary["model_id"], "promoted": promote, **metrics}],
+            description=f"retrain on snapshot {manifest['snapshot_id']}: {decision}",
+        )
+    return summary
+
+
+@flow(name="retrain")
+def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
+    db: str,
+    kind: str = "accepted",
+    snapshot: str | None = None,
+    out_dir: str = "out/prm",
+    config: PRMConfig | None = None,
+    eval_limit: int = 20,
+    min_examples: int = 8,
+    publish: bool = True,
+) -> dict[str, Any]:
+    """Snapshot, train, evaluate and register a PRM (see the module docstring)."""
+    return _pipeline(
+        db=db,
+        kind=kind,
+        snapshot=snapshot,
+        out_dir=out_dir,
+        config=config or PRMConfig(),
+        eval_limit=eval_limit,
+        min_examples=min_examples,
+        publish=publish,
+        use_prefect=True,
+    )
+
+
+def run_retrain(*, prefect: bool = True, **kwargs: Any) -> dict[str, Any]:
+    """:func:`retrain` as a Prefect flow run, or the same steps as plain functions."""
+    if prefect:
+        return retrain(**kwargs)
+    defaults = {
+        "kind": "accepted",
+        "snapshot": None,
+        "out_dir": "out/prm",
+        "config": PRMConfig(),
+        "eval_limit": 20,
+        "min_examples": 8,
+        "publish": True,
+    }
+    args = {**defaults, **kwargs}
+    return _pipeline(**args, use_prefect=False)

@@ -1,0 +1,87 @@
+"""The model registry: every trained model is a ``ModelRegistered`` event; the store's
+``model_versions`` view lists them. A candidate is promoted (``parameters.promoted``) only if its
+metric is not worse than the current promoted model's of the same kind."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from prmloop.store.duck import query
+from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
+
+__all__ = ["artifact_digest", "current_model", "model_registered", "should_promote"]
+
+PRODUCER = "prmloop-registry/0.1.0"
+
+
+def artifact_digest(path: Path) -> str:
+    """SHA-256 over the artifact folder's files (relative names and contents, in name order)."""
+    digest = hashlib.sha256()
+    root = Path(path)
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(root)).encode() + b"\0")
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def current_model(db: Path, kind: str = "prm") -> dict[str, Any] | None:
+    """The newest promoted model of ``kind`` in the store (``None``: none yet, or no store)."""
+    if not Path(db).exists():
+        return None
+    rows = query(
+        Path(db),
+        "SELECT payload FROM events WHERE event_type = 'ModelRegistered' AND payload->>'kind' = ? "
+        "AND coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) "
+        "ORDER BY occurred_at DESC LIMIT 1",
+        [kind],
+    ).rows
+    if not rows:
+        return None
+    payload = rows[0][0]
+    return dict(json.loads(payload) if isinstance(payload, str) else payload)
+
+
+def should_promote(candidate: dict[str, float], current: dict[str, Any] | None, metric: str) -> tuple[bool, str]:
+    """``(promote, why)``: promote when there is no current model or the metric is not worse."""
+    value = candidate.get(metric)
+    if value is None:
+        return False, f"the candidate has no {metric}"
+    if current is None:
+        return True, "no promoted model yet"
+    previous = (current.get("metrics") or {}).get(metric)
+    if previous is None:
+        return True, f"the current model has no {metric}"
+    if value >= previous:
+        return True, f"{metric} {value:.4g} >= current {previous:.4g}"
+    return False, f"{metric} {value:.4g} < current {previous:.4g} (model {current.get('model_id')})"
+
+
+def model_registered(
+    *,
+    artifact: Path,
+    base_model: ModelRef,
+    snapshot_id: str,
+    train_examples: int,
+    config: dict[str, Any],
+    metrics: dict[str, float],
+    promoted: bool,
+    decision: str,
+    parent: str | None = None,
+    kind: Literal["prm", "generator", "judge"] = "prm",
+) -> Envelope:
+    """The ``ModelRegistered`` event of a trained artifact; its id is the artifact's digest."""
+    digest = artifact_digest(artifact)
+    payload = ModelRegistered(
+        model_id=f"{kind}-{digest[:12]}",
+        kind=kind,
+        base_model=base_model,
+        artifact_uri=str(Path(artifact).resolve()),
+        dataset_snapshot=snapshot_id,
+        train_examples=train_examples,
+        parameters={"config": config, "digest": digest, "parent": parent, "promoted": promoted, "decision": decision},
+        metrics=metrics,
+    )
+    return make_event(payload, producer=PRODUCER)
