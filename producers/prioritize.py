@@ -151,7 +151,9 @@ def _probe(
         prm_scores=prm_scores,
         tokens=sampled.completion_tokens,
     )
-    return probe, sampled.events
+    # Only graded solutions are worth labelling (an annotator cannot search one without a verdict).
+    graded = [e for e in sampled.events if isinstance(e.payload, SolutionSampled) and e.payload.correct is not None]
+    return probe, graded
 
 
 def prioritize_question(
