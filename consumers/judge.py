@@ -8,8 +8,10 @@ mid-solution and restarted publishes the same id, and the sink keeps it once.
 Methods: ``stepwise`` (:class:`~prmloop.models.judge.judges.StepwiseJudge`: per-step decision, Eq. 5
 probability, CoT Entropy and its split, stopping at the first error unless ``--all-steps``) and
 ``critic`` (:class:`~prmloop.models.judge.judges.Critic`: the first wrong paragraph of the whole
-solution, the ProcessBench protocol) and ``exact`` (:class:`~prmloop.models.arith.verifier.ExactVerifier`:
-no model, the arithmetic curriculum's step checker; undecidable solutions get no verdict). A solution without steps or problem text is dead-lettered with
+solution, the ProcessBench protocol) and ``exact``
+(:class:`~prmloop.models.arith.verifier.ExactVerifier`: no model, the arithmetic curriculum's step
+checker; undecidable solutions get no verdict). A solution without steps or problem text is
+dead-lettered with
 the reason; a model server that cannot be reached is retried with backoff by the runtime, any other
 failure dead-letters the solution it happened on (``prmloop.store.poison``).
 """

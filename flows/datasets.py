@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from prmloop.store.snapshot import SnapshotRow
 __all__ = ["SHEPHERD_TAG", "import_rows"]
 
 SHEPHERD_TAG = "ки"
+_STEP_ONE = re.compile(r"Step\s*1\s*[:.]")
 
 
 def _truncated(qid: str, sid: str, problem: str, steps: list[str], *, first_error: int, source: str) -> SnapshotRow:
@@ -106,9 +108,14 @@ def _shepherd(path: Path) -> tuple[list[SnapshotRow], list[str]]:
             errors.append(f"{where}: no '{SHEPHERD_TAG}' step tag in 'input'; line skipped")
             continue
         head, *steps = [p.strip() for p in parts[:-1]]
-        # the question is the first line of the first segment; the rest of that segment is step 1
-        question, _, first_step = head.partition("\n")
-        steps = [first_step.strip(), *steps] if first_step.strip() else steps
+        # The first segment is the question and step 1: split at "Step 1:" (Math-Shepherd), else at a newline.
+        found = _STEP_ONE.search(head)
+        if found:
+            question, first_step = head[: found.start()], head[found.start() :]
+        else:
+            question, _, first_step = head.partition("\n")
+        question = question.strip()
+        steps = [first_step.strip(), *steps]
         marks = []
         cursor = 0
         for part in parts[:-1]:
