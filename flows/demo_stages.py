@@ -41,7 +41,9 @@ def wait_stored(stored: Callable[[], int], *, settle_s: float = 2.0, timeout_s: 
     return last
 
 
-def _prioritize(plan: DemoPlan, s: DemoSettings, servers: str, *, round: int, limit: int) -> dict[str, Any]:
+def _prioritize(
+    plan: DemoPlan, s: DemoSettings, servers: str, *, round: int, limit: int, prm: Any = None
+) -> dict[str, Any]:
     from prmloop.flows.prioritize import run_prioritize
     from prmloop.producers.prioritize import PrioritizeSettings
 
@@ -55,7 +57,7 @@ def _prioritize(plan: DemoPlan, s: DemoSettings, servers: str, *, round: int, li
         max_new_tokens=plan.max_new_tokens,
         threads=s.threads,
     )
-    return run_prioritize(settings, bootstrap_servers=servers)
+    return run_prioritize(settings, bootstrap_servers=servers, prm=prm)
 
 
 def run_stages(
@@ -151,12 +153,18 @@ def run_stages(
         f"{consensus.get('waiting')} waiting for their other half",
     )
     wait_stored(stored)
-    out["train"] = _train(db, report, left())
+    out["train"] = _train(db, report, left(), s.threads, servers)
     out["calibrate"] = _calibrate(servers, report, left())
     if left() > 60:
-        again = _prioritize(plan, s, servers, round=1, limit=min(plan.questions, 4))
+        prm = None
+        if out["train"].get("artifact"):
+            from prmloop.models.prm.model import PRM
+
+            prm = PRM.load(Path(out["train"]["artifact"]))
+        again = _prioritize(plan, s, servers, round=1, limit=min(plan.questions, 4), prm=prm)
         out["prioritize_again"] = {k: again[k] for k in ("questions", "probe_tokens")}
-        report("prioritize", f"round 1: {again['questions']} questions re-probed; the queue now ranks by both rounds")
+        with_prm = " with the new PRM's score spread" if prm else ""
+        report("prioritize", f"round 1: {again['questions']} questions re-probed{with_prm}")
     else:
         report("prioritize", "round 1 skipped: the time budget is spent")
     out["events"] = wait_stored(stored)
@@ -169,15 +177,39 @@ def run_stages(
     return out
 
 
-def _train(db: Path, report: Report, seconds_left: float) -> dict[str, Any]:
+def _train(db: Path, report: Report, seconds_left: float, threads: int | None, servers: str) -> dict[str, Any]:
+    """Snapshot, train a LoRA PRM for a few steps, evaluate on a few ProcessBench solutions, register.
+
+    Consensus-accepted labels when there are any, else the MC labels (the laptop loop accepts few)."""
+    from prmloop.flows.retrain import run_retrain
+    from prmloop.models.prm.model import PRMConfig
+
     accepted = _count(db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'")
-    try:
-        from prmloop.flows import retrain  # noqa: F401 - present once PRM training has landed
-    except ImportError:
-        report("train", f"PRM training is not built yet ({accepted} accepted labels are in the store for it)")
-        return {"available": False, "accepted_labels": accepted}
-    report("train", f"{accepted} accepted labels; see `prmloop retrain`")
-    return {"available": True, "accepted_labels": accepted, "seconds_left": seconds_left}
+    labelled = _count(db, "SELECT count(DISTINCT solution_id) FROM label_history WHERE source = 'StepsLabeled'")
+    kind = "accepted" if accepted >= 2 else "mc"
+    if seconds_left < 90 or (accepted if kind == "accepted" else labelled) < 2:
+        report("train", f"skipped: {accepted} accepted and {labelled} MC-labelled solutions, {seconds_left:.0f}s left")
+        return {"trained": False, "accepted_labels": accepted}
+    config = PRMConfig(max_steps=6, batch_size=2, max_length=512, learning_rate=5e-4, threads=threads)
+    summary = run_retrain(
+        db=str(db),
+        kind=kind,
+        out_dir=str(db.parent / "prm"),
+        config=config,
+        eval_limit=4,
+        min_examples=2,
+        ratios=(1.0, 0.0, 0.0),
+        bootstrap_servers=servers,
+    )
+    if not summary.get("trained"):
+        report("train", f"not trained: {summary.get('reason')}")
+        return summary
+    report(
+        "train",
+        f"PRM {summary['model_id']} trained on the {kind} labels (6 LoRA steps), ProcessBench F1 gsm8k "
+        f"{summary['metrics']['processbench_gsm8k_f1']:.2f} on 4 solutions; {summary['decision']}",
+    )
+    return {k: summary[k] for k in ("model_id", "artifact", "promoted", "metrics")}
 
 
 def _calibrate(servers: str, report: Report, seconds_left: float) -> dict[str, Any]:

@@ -40,9 +40,9 @@ def examples_of(snapshot: Path, split: str = "train") -> list[PRMExample]:
 
 
 @task(name="snapshot", cache_policy=NO_CACHE)
-def snapshot_task(db: str, kind: str, root: str) -> dict[str, Any]:
+def snapshot_task(db: str, kind: str, root: str, ratios: tuple[float, float, float]) -> dict[str, Any]:
     rows = select_labels(Path(db), kind="accepted" if kind == "accepted" else "mc")
-    return write_snapshot(rows, Path(root), selection={"db": db, "kind": kind})
+    return write_snapshot(rows, Path(root), selection={"db": db, "kind": kind}, ratios=ratios)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -61,15 +61,14 @@ def _pipeline(
     min_examples: int,
     publish: bool,
     use_prefect: bool,
+    ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    bootstrap_servers: str | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger() if use_prefect else log
     root = Path(out_dir)
     if snapshot is None:
-        manifest = (
-            snapshot_task(db, kind, str(root / "snapshots"))
-            if use_prefect
-            else snapshot_task.fn(db, kind, str(root / "snapshots"))
-        )
+        args = (db, kind, str(root / "snapshots"), ratios)
+        manifest = snapshot_task(*args) if use_prefect else snapshot_task.fn(*args)
         snapshot_dir = root / "snapshots" / manifest["snapshot_id"]
     else:
         snapshot_dir = Path(snapshot)
@@ -127,7 +126,7 @@ def _pipeline(
         from prmloop.store.broker import require_bootstrap_servers
         from prmloop.store.kafka import EventProducer
 
-        with EventProducer(require_bootstrap_servers()) as producer:
+        with EventProducer(bootstrap_servers or require_bootstrap_servers()) as producer:
             producer.publish([event])
     summary = {
         "trained": True,
@@ -160,9 +159,13 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
     eval_limit: int = 20,
     min_examples: int = 8,
     publish: bool = True,
+    ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    bootstrap_servers: str | None = None,
 ) -> dict[str, Any]:
     """Snapshot, train, evaluate and register a PRM (see the module docstring)."""
     return _pipeline(
+        ratios=ratios,
+        bootstrap_servers=bootstrap_servers,
         db=db,
         kind=kind,
         snapshot=snapshot,

@@ -60,7 +60,12 @@ def prioritize(settings: PrioritizeSettings) -> None:
         dataset = default_dataset(settings.backend, settings.model)
         err.print(f"no question source given: --dataset {dataset}", soft_wrap=True)
         settings = settings.model_copy(update={"dataset": dataset})
-    summary = run_prioritize(settings)
+    prm = None
+    if settings.prm is not None:
+        from prmloop.models.prm.model import PRM
+
+        prm = PRM.load(settings.prm)
+    summary = run_prioritize(settings, prm=prm)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
