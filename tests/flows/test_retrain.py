@@ -1,0 +1,46 @@
+"""The retrain flow end to end on the embedded model: snapshot, LoRA training, ProcessBench, registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.bench.synthetic import synthetic_events
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.duck import EventStore
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api", "shared_data_dir")
+def test_retrain_trains_evaluates_and_decides_promotion(tmp_path: Path) -> None:
+    from prmloop.flows.retrain import run_retrain
+    from prmloop.models.prm.model import PRMConfig
+
+    store = EventStore(tmp_path / "prmloop.duckdb")
+    events = synthetic_events(200, k=4, seed=4)
+    store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 200)])
+    config = PRMConfig(max_steps=2, batch_size=2, max_length=256, threads=2)
+    summary = run_retrain(
+        db=str(store.path),
+        kind="mc",
+        out_dir=str(tmp_path / "prm"),
+        config=config,
+        eval_limit=2,
+        min_examples=2,
+        publish=False,
+        ratios=(1.0, 0.0, 0.0),
+    )
+    assert summary["trained"] and summary["promoted"] and summary["decision"] == "no promoted model yet"
+    assert Path(summary["artifact"], "adapter", "adapter_config.json").is_file()
+    assert summary["evaluation"]["gsm8k"]["samples"] == 2 and "processbench_gsm8k_f1" in summary["metrics"]
+    refused = run_retrain(
+        prefect=False,
+        db=str(store.path),
+        kind="mc",
+        out_dir=str(tmp_path / "prm2"),
+        config=config,
+        min_examples=10_000,
+    )
+    assert not refused["trained"] and "min_examples" in refused["reason"]
