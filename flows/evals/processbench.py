@@ -30,7 +30,14 @@ def _subset(name: str, limit: int | None, holdout: bool) -> tuple[list[Any], lis
     items, errors = read_processbench(data_dir() / "processbench" / f"{name}.json")
     if holdout:
         items = [i for i in items if split_of(f"processbench/{name}/{i.id}", (0.5, 0.0, 0.5)) == "test"]
-    return (items[:limit] if limit else items), errors
+    if not limit:
+        return items, errors
+    # ProcessBench files list erroneous solutions first: take both kinds, half and half, in file order.
+    wrong = [i for i in items if i.label >= 0]
+    right = [i for i in items if i.label < 0]
+    half = limit // 2
+    chosen = wrong[: limit - min(half, len(right))] + right[:half]
+    return chosen[:limit], errors
 
 
 def eval_processbench(
