@@ -1,7 +1,7 @@
 """The loop's Prefect deployments on one machine: ``prmloop deployments serve``.
 
-Serves ``prioritize``, ``sample`` (from the prioritized queue), ``monitor`` and ``calibrate`` as deployments of the
-Prefect server that ``prmloop up`` starts, so they can be run from the UI (``Run`` on a deployment) or on
+Serves ``prioritize``, ``sample`` (from the prioritized queue), ``monitor``, ``retrain`` and
+``calibrate`` as deployments of the Prefect server that ``prmloop up`` starts, so they can be run from the UI (``Run`` on a deployment) or on
 a schedule. On a laptop the schedules are off by default (the embedded model is slow and a scheduled run
 would take the CPU from everything else); ``--schedule`` turns them on. On a cluster, use
 ``infra/prefect.yaml`` with work pools instead.
@@ -15,6 +15,7 @@ from typing import Any
 from prmloop.flows.calibrate import calibrate
 from prmloop.flows.monitor import monitor
 from prmloop.flows.prioritize import prioritize
+from prmloop.flows.retrain import retrain
 from prmloop.flows.sample import sample
 from prmloop.models.questions import data_dir
 from prmloop.producers.prioritize import PrioritizeSettings
@@ -48,6 +49,12 @@ def deployment_plans(*, questions: int = 20, level: int = 1) -> list[DeploymentP
             {"settings": SampleSettings(from_queue=True, limit=4, k=4, m=1, n=3, max_new_tokens=256, threads=1)},
         ),
         DeploymentPlan("monitor", monitor, 3600, {"db": str(StateSettings().db_path)}),
+        DeploymentPlan(
+            "retrain",
+            retrain,
+            24 * 3600,
+            {"db": str(StateSettings().db_path), "out_dir": str(StateSettings().home / "prm"), "min_examples": 8},
+        ),
         DeploymentPlan(
             "calibrate",
             calibrate,

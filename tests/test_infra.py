@@ -115,7 +115,7 @@ def test_prefect_deployments_point_at_real_flows_with_valid_parameters() -> None
 
     raw = yaml.safe_load((INFRA / "prefect.yaml").read_text())
     model = PrefectYamlModel.model_validate(raw)
-    assert {d.name for d in model.deployments} >= {"prioritize", "sample", "calibrate"}
+    assert {d.name for d in model.deployments} >= {"prioritize", "sample", "retrain", "calibrate"}
     pools = {d.work_pool.name for d in model.deployments if d.work_pool}
     assert pools <= {"cpu", "gpu"}
     workers = [s for s in _compose()["services"].values() if s.get("entrypoint") == ["prefect"]]

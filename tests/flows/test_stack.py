@@ -92,7 +92,7 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
             "        for _ in range(120):\n"
             "            found = await c.read_deployments(limit=50, sort=DeploymentSort.NAME_ASC)\n"
             "            names = sorted(d.name for d in found)\n"
-            "            if len(names) >= 3: break\n"
+            "            if len(names) >= 5: break\n"
             "            await asyncio.sleep(1)\n"
             "        print(names)\n"
             "asyncio.run(main())\n"
@@ -102,7 +102,7 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False
         )
         assert out.returncode == 0, out.stderr
-        assert "prioritize-local" in out.stdout and "sample-local" in out.stdout and "calibrate-local" in out.stdout
+        assert all(f"{n}-local" in out.stdout for n in ("prioritize", "sample", "monitor", "retrain", "calibrate"))
     finally:
         _prmloop(tmp_path, "down")
     assert running_services(StateSettings(home=tmp_path)) == {}
