@@ -1,9 +1,10 @@
 """The loop's Prefect deployments on one machine: ``prmloop deployments serve``.
 
 Serves ``prioritize``, ``sample`` (from the prioritized queue), ``monitor``, ``retrain`` and
-``calibrate`` as deployments of the Prefect server that ``prmloop up`` starts, so they can be run from the UI (``Run`` on a deployment) or on
-a schedule. On a laptop the schedules are off by default (the embedded model is slow and a scheduled run
-would take the CPU from everything else); ``--schedule`` turns them on. On a cluster, use
+``calibrate`` as deployments of the Prefect server that ``prmloop up`` starts, so they can be run from
+the UI (``Run`` on a deployment) or on a schedule. On a laptop the schedules are off by default (the
+embedded model is slow and a scheduled run would take the CPU from everything else); ``--schedule``
+turns them on. On a cluster, use
 ``infra/prefect.yaml`` with work pools instead.
 """
 
