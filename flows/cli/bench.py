@@ -89,10 +89,25 @@ def bench_loop_cmd(
     judge_accuracy: Annotated[float, typer.Option(help="probability the judge agrees with a label")] = 0.75,
     oversample: Annotated[int, typer.Option(help="questions probed per question taken (prioritized arm)")] = 2,
     repeats: Annotated[int, typer.Option(help="simulated pools; ratios are averaged over them")] = 5,
+    real: Annotated[bool, typer.Option(help="briefly on the embedded model instead (arith levels 1-2)")] = False,
+    take: Annotated[int, typer.Option(help="--real: questions each arm samples")] = 3,
+    threads: Annotated[int | None, typer.Option(help="--real: torch CPU threads")] = None,
     seed: int = 0,
 ) -> None:
     """Does prioritizing pay? Prioritized vs random question order on the same pool and token budget."""
     from prmloop.flows.bench.loop import LoopBenchSettings, bench_loop
+
+    if real:
+        from prmloop.flows.bench.loop_real import bench_loop_real
+
+        if questions > 40:
+            raise typer.BadParameter("--real probes every question with the model: give --questions 40 or fewer")
+        typer.echo(
+            json.dumps(
+                bench_loop_real(questions=questions, take=take, k=k, probe_k=probe_k, seed=seed, threads=threads)
+            )
+        )
+        return
 
     settings = LoopBenchSettings(
         questions=questions,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -54,3 +55,21 @@ def test_command_prints_one_json_line_with_both_arms() -> None:
     assert result["accepted_ratio"] == pytest.approx(
         bench_loop(LoopBenchSettings(questions=60, budget_tokens=100_000), repeats=2)["accepted_ratio"]
     )
+
+
+def test_the_real_arms_on_a_tiny_model(tiny_backend_config: Any) -> None:
+    from prmloop.flows.bench.loop_real import bench_loop_real
+    from prmloop.models.backends.registry import EngineSettings
+
+    engine = EngineSettings(backend=tiny_backend_config.backend, model=tiny_backend_config.model)
+    out = bench_loop_real(questions=4, take=2, k=3, probe_k=1, max_new_tokens=8, engine=engine)
+    p, r = out["arms"]["prioritized"], out["arms"]["random"]
+    assert p["questions"] == r["questions"] == 2
+    assert p["solutions"] == r["solutions"] == 6
+    assert p["tokens"] > out["probe_tokens"] > 0 and r["tokens"] > 0
+    assert p["labelable_incorrect"] <= p["incorrect"] and r["labelable_incorrect"] <= r["incorrect"]
+
+
+def test_real_mode_refuses_a_large_pool() -> None:
+    out = CliRunner().invoke(app, ["bench", "loop", "--real", "--questions", "400"])
+    assert out.exit_code == 2 and "40 or fewer" in out.output
