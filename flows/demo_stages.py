@@ -134,13 +134,25 @@ def run_stages(
         )
     else:
         report("annotate", "skipped: the time budget is spent")
-    if left() > 30:
+    if left() > 30 or s.judge == "exact":
         judge = JudgeSettings(
-            method="critic", max_new_tokens=256, until_idle=10, max_solutions=plan.judge, threads=s.threads
+            method=s.judge,
+            samples=4,
+            max_new_tokens=256,
+            until_idle=10,
+            max_solutions=None if s.judge == "exact" else plan.judge,
+            threads=s.threads,
         )
         judged = run_judge(judge, bootstrap_servers=servers, install_signal_handlers=False)
-        out["judge"] = {k: judged.get(k) for k in ("judged", "published")}
-        report("judge", f"the critic judged {judged.get('judged')} solutions (whole-solution, ProcessBench protocol)")
+        out["judge"] = {k: judged.get(k) for k in ("judged", "unparsed", "generated_tokens")}
+        what = {
+            "exact": "the curriculum's exact step checker",
+            "critic": "the critic (whole solution, ProcessBench protocol)",
+            "stepwise": "the step-wise LLM judge with CoT Entropy",
+        }[s.judge]
+        report(
+            "judge", f"{what} judged {judged.get('judged')} solutions ({judged.get('unparsed', 0)} without a verdict)"
+        )
     else:
         report("judge", "skipped: the time budget is spent")
     consensus = run_consensus(
@@ -180,14 +192,15 @@ def run_stages(
 def _train(db: Path, report: Report, seconds_left: float, threads: int | None, servers: str) -> dict[str, Any]:
     """Snapshot, train a LoRA PRM for a few steps, evaluate on a few ProcessBench solutions, register.
 
-    Consensus-accepted labels when there are any, else the MC labels (the laptop loop accepts few)."""
+    Consensus-accepted labels when there are any, else the MC labels (the laptop loop makes few: a PRM
+    trained on a handful of solutions shows the pipeline working, not a useful model)."""
     from prmloop.flows.retrain import run_retrain
     from prmloop.models.prm.model import PRMConfig
 
     accepted = _count(db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'")
     labelled = _count(db, "SELECT count(DISTINCT solution_id) FROM label_history WHERE source = 'StepsLabeled'")
-    kind = "accepted" if accepted >= 2 else "mc"
-    if seconds_left < 90 or (accepted if kind == "accepted" else labelled) < 2:
+    kind = "accepted" if accepted >= 1 else "mc"
+    if seconds_left < 90 or (accepted if kind == "accepted" else labelled) < 1:
         report("train", f"skipped: {accepted} accepted and {labelled} MC-labelled solutions, {seconds_left:.0f}s left")
         return {"trained": False, "accepted_labels": accepted}
     config = PRMConfig(max_steps=6, batch_size=2, max_length=512, learning_rate=5e-4, threads=threads)
@@ -197,7 +210,7 @@ def _train(db: Path, report: Report, seconds_left: float, threads: int | None, s
         out_dir=str(db.parent / "prm"),
         config=config,
         eval_limit=4,
-        min_examples=2,
+        min_examples=1,
         ratios=(1.0, 0.0, 0.0),
         bootstrap_servers=servers,
     )
