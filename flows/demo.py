@@ -235,11 +235,11 @@ def run_demo(settings: DemoSettings | None = None) -> dict[str, Any]:
                 down(state=StateSettings(home=home), say=lambda line: report.stage("prefect", line))
             raise
     _print_results(console, db)
-    console.print(f"\nDone in {time.monotonic() - report.started:.0f}s. The store: {db}")
+    console.print(f"\nDone in {time.monotonic() - report.started:.0f}s. The store: {db}", soft_wrap=True)
     if ui:
         console.print(f"Prefect UI (flow runs, artifacts): {ui}")
         if started_server:
-            console.print(f"  it keeps running for you; stop it with: PRMLOOP_HOME={home} prmloop down")
+            console.print(f"  it keeps running for you; stop it with: PRMLOOP_HOME={home} prmloop down", soft_wrap=True)
     console.print("Try:")
     for sql in DEMO_QUERIES.values():
         console.print(f'  prmloop sql --db {db} "{sql}"', markup=False, highlight=False, soft_wrap=True)
