@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from prmloop.models.arith.verifier import ExactVerifier
+from prmloop.models.arith.verifier import ExactVerdict, ExactVerifier
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
@@ -163,6 +163,13 @@ def judged_event(
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
 
 
+def _exact_outcome(verdict: ExactVerdict) -> CriticVerdict:
+    """The exact checker's verdict in the critic's shape (``"unparsed"``: undecided)."""
+    found: int | str | None = verdict.first_error_step if verdict.decided else "unparsed"
+    votes = {str(found): 1} if verdict.decided else {"unknown": 1}
+    return CriticVerdict(found, votes, 0, verdict.wall_time_s, 0 if verdict.decided else 1)
+
+
 class JudgeHandler:
     """Batch handler: judge every ``StepsScored`` of a batch and publish the verdicts before returning."""
 
@@ -193,7 +200,9 @@ class JudgeHandler:
                 rejected.append((consumed, f"{scored.solution_id}: cannot be judged: {reason}"))
                 continue
             if isinstance(self.judge, ExactVerifier):
-                outcome: SolutionJudgment | CriticVerdict = self.judge.judge_question(scored.question_id, scored.steps)
+                outcome: SolutionJudgment | CriticVerdict = _exact_outcome(
+                    self.judge.judge_question(scored.question_id, scored.steps)
+                )
             else:
                 outcome = self.judge.judge(scored.problem, scored.steps)
             out.append(

@@ -3,10 +3,10 @@
 ``prmloop judge --method exact`` uses :class:`ExactVerifier` in place of an LLM judge. It rebuilds a
 question's reference chain from its id (``arith/L<level>/<seed>/<index>``: the generator is a function
 of these three values, see :func:`~prmloop.models.arith.curriculum.generate_question`) and runs
-:func:`~prmloop.models.arith.checker.check_steps` on the solution's steps. Its verdict has the critic's
-shape (first wrong step, ``None`` for a correct solution, ``"unparsed"`` when the checker cannot decide
-or the question is not from the curriculum), so consensus treats it like any judge: MC labels are
-accepted only where they agree with the exact first error.
+:func:`~prmloop.models.arith.checker.check_steps` on the solution's steps. Its verdict is the first
+wrong step (``None`` for a correct solution), or undecided when the checker cannot tell or the question is
+not from the curriculum; the judge service publishes it like any judge's, so consensus accepts MC labels
+only where they agree with the exact first error.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from typing import Any, Literal
 
 from prmloop.models.arith.checker import check_steps
 from prmloop.models.arith.curriculum import ArithChain, generate_question
-from prmloop.models.judge.judges import CriticVerdict
 
-__all__ = ["ARITH_ID", "ExactVerifier", "chain_of"]
+__all__ = ["ARITH_ID", "ExactVerdict", "ExactVerifier", "chain_of"]
 
 #: Ids of curriculum questions (see ``prmloop.producers.arith.arith_question_id``).
 ARITH_ID = re.compile(r"^arith/L(?P<level>[1-9])/(?P<seed>-?\d+)/(?P<index>\d+)$")
@@ -38,6 +37,16 @@ def chain_of(question_id: str) -> ArithChain | None:
 
 
 @dataclass(frozen=True)
+class ExactVerdict:
+    """``first_error_step`` (``None``: no wrong step) is meaningful only when ``decided``."""
+
+    decided: bool
+    first_error_step: int | None
+    reason: str
+    wall_time_s: float
+
+
+@dataclass(frozen=True)
 class ExactVerifier:
     """A judge that is never wrong where it answers: the curriculum's exact step checker."""
 
@@ -46,12 +55,12 @@ class ExactVerifier:
     def parameters(self) -> dict[str, Any]:
         return {"strictness": self.strictness}
 
-    def judge_question(self, question_id: str, steps: Sequence[str]) -> CriticVerdict:
+    def judge_question(self, question_id: str, steps: Sequence[str]) -> ExactVerdict:
         started = time.perf_counter()
         chain = chain_of(question_id)
         if chain is None:
-            return CriticVerdict("unparsed", {"not_curriculum": 1}, 0, time.perf_counter() - started, 1)
+            return ExactVerdict(False, None, "not a curriculum question", time.perf_counter() - started)
         check = check_steps(chain, steps, strictness=self.strictness)
-        found: int | str | None = check.first_error_step if check.status == "exact" else "unparsed"
-        votes = {str(found): 1} if check.status == "exact" else {"unknown": 1}
-        return CriticVerdict(found, votes, 0, time.perf_counter() - started, 0 if check.status == "exact" else 1)
+        decided = check.status == "exact"
+        first = check.first_error_step if decided else None
+        return ExactVerdict(decided, first, check.reason, time.perf_counter() - started)

@@ -35,10 +35,12 @@ def test_verdicts_on_reference_and_corrupted_solutions() -> None:
     steps = list(question.reference_steps)
     equations = [k for k, step in enumerate(steps) if "=" in step]
     assert len(equations) >= 2
-    assert verifier.judge_question(qid, steps).first_error_step is None
+    right = verifier.judge_question(qid, steps)
+    assert right.decided and right.first_error_step is None
     second = equations[1]
-    assert verifier.judge_question(qid, _wrong_at(steps, second)).first_error_step == second
-    assert verifier.judge_question("gsm8k/test/0", steps).first_error_step == "unparsed"
+    wrong = verifier.judge_question(qid, _wrong_at(steps, second))
+    assert wrong.decided and wrong.first_error_step == second
+    assert not verifier.judge_question("gsm8k/test/0", steps).decided
 
 
 def test_the_service_publishes_exact_verdicts_without_a_model() -> None:
