@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -179,17 +180,11 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
 
 
 def run_retrain(*, prefect: bool = True, **kwargs: Any) -> dict[str, Any]:
-    """:func:`retrain` as a Prefect flow run, or the same steps as plain functions."""
+    """:func:`retrain` as a Prefect flow run, or the same steps as plain functions (same defaults)."""
     if prefect:
         return retrain(**kwargs)
-    defaults = {
-        "kind": "accepted",
-        "snapshot": None,
-        "out_dir": "out/prm",
-        "config": PRMConfig(),
-        "eval_limit": 20,
-        "min_examples": 8,
-        "publish": True,
-    }
-    args = {**defaults, **kwargs}
+    bound = inspect.signature(retrain.fn).bind(**kwargs)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    args["config"] = args["config"] or PRMConfig()
     return _pipeline(**args, use_prefect=False)
