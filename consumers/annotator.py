@@ -30,9 +30,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
+from prmloop.models.annotation.completer import AnswerChecker, Completer, GeneratorCompleter, exact_match
 from prmloop.models.annotation.strategies import STRATEGIES, Annotation, AnnotationStrategy, SolutionToLabel, annotate
 from prmloop.models.backends.registry import EngineSettings
+from prmloop.models.prompts import prompt_format_of
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import (
@@ -73,8 +74,9 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         default="adaptive_binary", description="sequential, binary, adaptive_binary or uncertainty_driven"
     )
     completer: Literal["model", "simulator"] = Field(default="model", description="a model backend, or the simulator")
-    prompt_format: Literal["step_k", "double_newline"] = Field(
-        default="step_k", description="step format the completer continues (as the solutions were sampled)"
+    prompt_format: Literal["step_k", "double_newline", "step_k_arith"] = Field(
+        default="step_k",
+        description="prompt the completer continues in evaluations (the service uses each solution's own)",
     )
     temperature: float = Field(default=0.7, ge=0.0, description="rollout sampling temperature")
     max_new_tokens: int = Field(default=384, ge=1, description="rollout budget; longer rollouts count as wrong")
@@ -138,7 +140,7 @@ def build_annotator(
         config, world = settings.world()
         completer = SimulatedCompleter(world, config, seed=settings.sim_seed, latency_s=settings.sim_latency)
         return strategy, [completer], [ModelRef(backend=SIMULATOR_NAME, name=completer.name)], exact_match
-    from prmloop.models.annotation.completer import GeneratorCompleter, math_equivalent
+    from prmloop.models.annotation.completer import math_equivalent
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import build_backend
 
@@ -341,7 +343,7 @@ class Annotator:
             uncertainty_delta=scored.uncertainty_delta,
         )
         try:
-            annotation = annotate(solution, self.strategy, self.completers, checker=self.checker)
+            annotation = annotate(solution, self.strategy, self._completers_for(scored), checker=self.checker)
         except ValueError as error:
             return "reject", f"{scored.solution_id}: {error}"
         self.stats.add(annotation)
@@ -355,6 +357,11 @@ class Annotator:
             log.info("%s: no tried step fell below tau; not labelled (UnPRM drops it)", scored.solution_id)
             return "skip", None
         return "event", labeled_event(scored, annotation, self.completer_refs, causation_id=consumed.event.event_id)
+
+    def _completers_for(self, scored: StepsScored) -> tuple[Completer, ...]:
+        """The completers, each continuing the prompt format the solution was sampled with."""
+        style = prompt_format_of(scored.prompt_format)
+        return tuple(c.with_style(style) if isinstance(c, GeneratorCompleter) else c for c in self.completers)
 
     def _unlabelable(self, scored: StepsScored) -> str | None:
         sid = scored.solution_id

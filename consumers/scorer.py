@@ -43,8 +43,8 @@ from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.backends.base import Scorer
 from prmloop.models.backends.registry import EngineSettings, build_backend
-from prmloop.models.prompts import solution_prompt
-from prmloop.models.scoring import step_format, teacher_forced_logprobs
+from prmloop.models.prompts import prompt_format_of, solution_prompt, step_format
+from prmloop.models.scoring import teacher_forced_logprobs
 from prmloop.models.simulator import SIMULATOR_NAME, SimulatedStepUncertainty, SimulatorOptions
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
@@ -217,10 +217,11 @@ class StepScorer:
                 f"{sid} carries no problem text (an older producer published it); re-publish it with "
                 "`prmloop sample` or `prmloop import` to teacher-force it"
             )
-        style = step_format(sampled.prompt_format)
-        prompt = solution_prompt(self.scorer, sampled.problem, style)
+        prompt = solution_prompt(self.scorer, sampled.problem, prompt_format_of(sampled.prompt_format))
         try:
-            logprobs, forced_offsets = teacher_forced_logprobs(self.scorer, prompt, sampled.steps, style)
+            logprobs, forced_offsets = teacher_forced_logprobs(
+                self.scorer, prompt, sampled.steps, step_format(sampled.prompt_format)
+            )
         except ValueError as error:
             raise _Reject(f"{sid}: teacher forcing failed: {error}") from error
         return self._entropy(sid, logprobs, forced_offsets), self.scorer_ref, "teacher_forced"

@@ -5,6 +5,14 @@
 - ``double_newline``: steps separated by a blank line (``\\n\\n``), the format of Qwen's PRM work
   ("Lessons", Sec. 2: responses are split "using the delimiter \\n\\n") and of ProcessBench; prompted
   with the Qwen2.5-Math chain-of-thought system prompt and a ``\\boxed{}`` final answer.
+- ``step_k_arith``: ``Step k:`` lines after four worked arithmetic examples, as plain text
+  (``Question: ...`` blocks, no chat template even for a chat model), for the arithmetic curriculum.
+  Measured with SmolLM2-135M-Instruct (48 samples per cell, ``python -m prmloop.flows.evals.arith``):
+  it solves far more one-step sums this way than with EpicPRM's chat prompt and MATH examples, whose
+  LaTeX a 135M model imitates instead of adding (see the README's table).
+
+A *prompt format* (what the model reads) determines a *step format* (how its steps are written and
+split: :func:`step_format`); ``step_k_arith`` solutions are ``step_k`` solutions.
 
 A prompt for sampling ends where the assistant's response starts; a prompt for rollouts (continuing a
 prefix of steps) is that prompt plus the steps so far, each followed by its separator
@@ -21,24 +29,33 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 __all__ = [
+    "ARITH_EXAMPLES",
     "EPICPRM_EXAMPLES",
     "EPICPRM_RESPONSE_PREFIX",
     "EPICPRM_SYSTEM_PROMPT",
+    "PROMPT_FORMATS",
     "QWEN_MATH_SYSTEM_PROMPT",
     "FewShotExample",
     "Message",
+    "PromptFormat",
     "StepFormat",
+    "arith_prompt",
     "continuation_prompt",
     "format_steps",
+    "prompt_format_of",
     "render_chat",
     "render_for",
     "render_plain",
     "response_prefix",
     "solution_messages",
     "solution_prompt",
+    "step_format",
+    "stop_strings",
 ]
 
 StepFormat = Literal["step_k", "double_newline"]
+PromptFormat = Literal["step_k", "double_newline", "step_k_arith"]
+PROMPT_FORMATS: tuple[PromptFormat, ...] = ("step_k", "double_newline", "step_k_arith")
 Message = dict[str, str]
 
 EPICPRM_SYSTEM_PROMPT = (
@@ -111,6 +128,65 @@ EPICPRM_EXAMPLES: tuple[FewShotExample, ...] = (
 """EpicPRM appendix A.1, the two worked examples (LaTeX restored from the paper's rendering)."""
 
 
+ARITH_EXAMPLES: tuple[FewShotExample, ...] = (
+    FewShotExample(
+        problem="Ella has 5 cards. She buys 3 more cards. How many cards does Ella have now?",
+        steps=("Ella has 5 cards and buys 3 more, so 5 + 3 = 8 cards.",),
+        final_answer="The final answer is: 8",
+    ),
+    FewShotExample(
+        problem="Tom has 9 apples. He gives 4 apples to Sam. How many apples does Tom have now?",
+        steps=("Tom gives away 4 of his 9 apples, so 9 - 4 = 5 apples.",),
+        final_answer="The final answer is: 5",
+    ),
+    FewShotExample(
+        problem="Max has 4 bags with 3 shells in each bag. He loses 2 shells. How many shells does Max have now?",
+        steps=("The bags hold 4 * 3 = 12 shells.", "He loses 2, so 12 - 2 = 10 shells."),
+        final_answer="The final answer is: 10",
+    ),
+    FewShotExample(
+        problem="Ann has 12 pens. She buys 7 more pens. Then she sells 5 pens. How many pens does Ann have now?",
+        steps=("Ann buys 7 more, so 12 + 7 = 19 pens.", "She sells 5, so 19 - 5 = 14 pens."),
+        final_answer="The final answer is: 14",
+    ),
+)
+"""Four worked examples in the arithmetic curriculum's style: one equation per step, addition,
+subtraction and a product, EpicPRM's ``The final answer is:`` ending (appendix A.1)."""
+
+_ARITH_STOP = ("\n\n", "\nQuestion:")
+
+
+def step_format(prompt_format: str) -> StepFormat:
+    """The step format of a solution's ``prompt_format`` (anything but ``double_newline`` is ``step_k``)."""
+    return "double_newline" if prompt_format == "double_newline" else "step_k"
+
+
+def prompt_format_of(value: str) -> PromptFormat:
+    """The prompt format an event's ``prompt_format`` names; an unknown one (an importer's ``chat``)
+    is read as its step format, as the scorer always has."""
+    for known in PROMPT_FORMATS:
+        if value == known:
+            return known
+    return step_format(value)
+
+
+def stop_strings(prompt_format: str) -> tuple[str, ...]:
+    """Strings that end a solution in ``prompt_format``: a plain few-shot prompt has no end-of-turn
+    token, so a solution ends where the model starts the next ``Question:`` block."""
+    return _ARITH_STOP if prompt_format == "step_k_arith" else ()
+
+
+def arith_prompt(problem: str) -> str:
+    """The ``step_k_arith`` prompt: :data:`ARITH_EXAMPLES` as ``Question:`` / ``Step k:`` blocks, then
+    ``problem``; the model's first token starts ``Step 1:``."""
+    blocks = []
+    for example in ARITH_EXAMPLES:
+        final = f"Step {len(example.steps) + 1}: {example.final_answer}\n"
+        blocks.append(f"Question: {example.problem}\n{format_steps(example.steps, 'step_k')}{final}")
+    blocks.append(f"Question: {problem.strip()}\n")
+    return "\n".join(blocks)
+
+
 def format_steps(steps: Sequence[str], style: StepFormat, *, start: int = 1) -> str:
     """Join steps in ``style``; each step is followed by its separator so the next one can follow.
 
@@ -146,7 +222,7 @@ def solution_messages(problem: str, style: StepFormat = "step_k") -> list[Messag
     ]
 
 
-def response_prefix(style: StepFormat) -> str:
+def response_prefix(style: str) -> str:
     """The text every response in ``style`` starts with (EpicPRM's ``Response: ...``; nothing for Qwen)."""
     return EPICPRM_RESPONSE_PREFIX if style == "step_k" else ""
 
@@ -174,25 +250,30 @@ def render_plain(messages: Sequence[Message]) -> str:
     return "\n\n".join(parts) + "\n\n"
 
 
-def continuation_prompt(prompt: str, steps: Sequence[str], style: StepFormat) -> str:
+def continuation_prompt(prompt: str, steps: Sequence[str], style: str) -> str:
     """``prompt`` (rendered, ending where the response starts) plus the response so far.
 
     The result is what a completer continues for Monte-Carlo rollouts from step ``len(steps)``
     (Math-Shepherd / EpicPRM Sec. 3.1): the response prefix of ``style`` and the steps, each with its
     separator, so the first sampled token begins step ``len(steps) + 1``.
     """
-    return prompt + response_prefix(style) + format_steps(steps, style)
+    return prompt + response_prefix(style) + format_steps(steps, step_format(style))
 
 
-def solution_prompt(model: object, problem: str, style: StepFormat) -> str:
+def solution_prompt(model: object, problem: str, style: str) -> str:
     """What a model continues to solve ``problem`` in ``style``: the rendered prompt plus the response prefix.
 
     ``model`` is a backend (or anything with a ``tokenizer`` attribute); its chat template is used
     when the tokenizer has one, :func:`render_plain` otherwise (base models, engines without a local
     tokenizer). The sampling flow, the step scorer and the rollout completer all build prompts here,
-    so a rollout continues exactly the text its solution was sampled from.
+    so a rollout continues exactly the text its solution was sampled from. ``step_k_arith`` is plain
+    text for every model (:func:`arith_prompt`).
     """
-    return render_for(model, solution_messages(problem, style)) + response_prefix(style)
+    if style == "step_k_arith":
+        return arith_prompt(problem)
+    if style not in PROMPT_FORMATS:
+        raise ValueError(f"unknown prompt format {style!r}; choose one of {', '.join(PROMPT_FORMATS)}")
+    return render_for(model, solution_messages(problem, step_format(style))) + response_prefix(style)
 
 
 def render_for(model: object, messages: Sequence[Message]) -> str:

@@ -13,12 +13,7 @@ from collections.abc import Sequence
 from prmloop.models.backends.base import Scorer, TokenIdScorer
 from prmloop.models.prompts import StepFormat, format_steps
 
-__all__ = ["step_format", "teacher_forced_logprobs"]
-
-
-def step_format(prompt_format: str) -> StepFormat:
-    """The step format of a solution's ``prompt_format`` (anything but ``double_newline`` is ``step_k``)."""
-    return "double_newline" if prompt_format == "double_newline" else "step_k"
+__all__ = ["teacher_forced_logprobs"]
 
 
 def teacher_forced_logprobs(

@@ -64,7 +64,9 @@ class PrioritizeSettings(EngineSettings):
     k: int = Field(default=4, ge=1, description="probe samples per question", json_schema_extra={"flag": "-k"})
     round: int = Field(default=0, ge=0, description="prioritization round (the loop counts them)")
     seed: int = Field(default=0, description="run seed; the probe's sampling seed derives from it and the round")
-    prompt_format: Literal["step_k", "double_newline"] = Field(default="step_k", description="solution prompt")
+    prompt_format: Literal["auto", "step_k", "double_newline", "step_k_arith"] = Field(
+        default="auto", description="solution prompt (auto: step_k_arith for arith questions, else step_k)"
+    )
     temperature: float = Field(default=0.7, ge=0.0, description="probe sampling temperature")
     max_new_tokens: int = Field(default=256, ge=1, description="probe generation budget per solution, in tokens")
     w_reliability: float = Field(default=0.5, ge=0.0, description="weight of 4q(1-q), q = estimated accuracy")

@@ -33,10 +33,11 @@ from prmloop.models.answers import extract_answer
 from prmloop.models.backends.base import Completion, Generator, SamplingParams, Tokenized
 from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.grading import GradeOutcome, grade
-from prmloop.models.prompts import StepFormat, solution_prompt
+from prmloop.models.prompts import PromptFormat, StepFormat, solution_prompt, step_format, stop_strings
 from prmloop.models.questions import Question
 from prmloop.models.steps import split_completion, split_steps
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, answer_dispersion, mean_nll, perplexity, sequence_entropy
+from prmloop.producers.arith import ARITH_DATASET
 from prmloop.producers.events import question_registered, solution_sampled
 from prmloop.producers.selection import SELECTION_STRATEGIES, Candidate, Selection, get_strategy
 from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionUncertainty, deterministic_event_id
@@ -78,8 +79,12 @@ class SampleSettings(EngineSettings):
     )
     strategy: str = Field(default="uncertainty", description="selection: uncertainty (UnPRM), epicprm or random")
     seed: int = Field(default=0, description="run seed; event ids and per-question sampling seeds derive from it")
-    prompt_format: Literal["step_k", "double_newline"] = Field(
-        default="step_k", description="step_k (EpicPRM's 2-shot 'Step k:') or double_newline (Qwen)"
+    prompt_format: Literal["auto", "step_k", "double_newline", "step_k_arith"] = Field(
+        default="auto",
+        description=(
+            "step_k (EpicPRM's 2-shot 'Step k:'), double_newline (Qwen), step_k_arith (arithmetic examples, "
+            "plain text); auto: step_k_arith for arith questions, step_k otherwise"
+        ),
     )
     temperature: float = Field(default=0.7, ge=0.0, description="sampling temperature")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus sampling mass (1 = off)")
@@ -98,12 +103,20 @@ class SampleSettings(EngineSettings):
             raise ValueError(f"unknown selection strategy {value!r}; choose one of {', '.join(SELECTION_STRATEGIES)}")
         return value
 
-    def sampling_params(self, question_id: str) -> SamplingParams:
+    def prompt_for(self, question: Question) -> PromptFormat:
+        """The prompt format of ``question``: the one asked for, or under ``auto`` the curriculum's own
+        examples for an arithmetic question and EpicPRM's ``step_k`` otherwise."""
+        if self.prompt_format != "auto":
+            return self.prompt_format
+        return "step_k_arith" if question.dataset == ARITH_DATASET else "step_k"
+
+    def sampling_params(self, question_id: str, prompt_format: str = "step_k") -> SamplingParams:
         return SamplingParams(
             n=self.k,
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
+            stop=stop_strings(prompt_format),
             seed=question_seed(self.seed, question_id),
         )
 
@@ -196,9 +209,10 @@ def sample_question(
         raise ValueError(f"question {question.id!r} has no gold answer; it cannot be graded")
     started = time.perf_counter()
     registered = question_registered(question, producer=PRODUCER)
-    prompt = solution_prompt(generator, question.problem, settings.prompt_format)
-    [completions] = generator.generate([prompt], settings.sampling_params(question.id))
-    parts = [_steps_and_offsets(generator, c, settings.prompt_format) for c in completions]
+    prompt_format = settings.prompt_for(question)
+    prompt = solution_prompt(generator, question.problem, prompt_format)
+    [completions] = generator.generate([prompt], settings.sampling_params(question.id, prompt_format))
+    parts = [_steps_and_offsets(generator, c, step_format(prompt_format)) for c in completions]
     # Only an explicitly stated answer counts (boxed, "The final answer is", ####): grade()'s bare-answer
     # fallback would take a one-line solution that never answers for its answer.
     answers = [extract_answer(c.text) for c in completions]
@@ -230,7 +244,7 @@ def sample_question(
                 solution_id=solution_id,
                 generator=model,
                 sampling=settings.sampling_spec(),
-                prompt_format=settings.prompt_format,
+                prompt_format=prompt_format,
                 text=completion.text,
                 steps=steps,
                 step_token_offsets=offsets,

@@ -40,57 +40,21 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prmloop.models.answers import extract_answer
-from prmloop.models.arith import FEW_SHOT_EXAMPLES, check_steps, generate_question, level_spec
+from prmloop.models.arith import check_steps, generate_question, level_spec
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.registry import BackendConfig, build_backend
 from prmloop.models.grading import grade
-from prmloop.models.prompts import (
-    EPICPRM_RESPONSE_PREFIX,
-    EPICPRM_SYSTEM_PROMPT,
-    Message,
-    StepFormat,
-    format_steps,
-    render_chat,
-    render_plain,
-    solution_prompt,
-)
+from prmloop.models.prompts import PROMPT_FORMATS, PromptFormat, solution_prompt, step_format, stop_strings
 from prmloop.models.steps import split_steps
 from prmloop.producers.arith import arith_questions
 
-__all__ = ["arith_few_shot_prompt", "main", "measure_arith_levels", "recheck", "write_report"]
-
-
-PromptFormat = Literal["step_k", "double_newline", "step_k_arith"]
-
-
-def arith_few_shot_prompt(model: object, problem: str) -> str:
-    """EpicPRM's ``step_k`` prompt (system prompt, two worked examples, ``Instruction:``, response
-    prefix) with the curriculum's own examples (:data:`~prmloop.models.arith.FEW_SHOT_EXAMPLES`)
-    instead of EpicPRM's two MATH problems. Steps come out as ``Step k:`` lines, split as ``step_k``.
-
-    Evaluation only: the sampling flow and the rollout completer build prompts with
-    :func:`~prmloop.models.prompts.solution_prompt`, which does not know this format yet.
-    """
-    messages: list[Message] = [{"role": "system", "content": EPICPRM_SYSTEM_PROMPT}]
-    for example_problem, steps, final in FEW_SHOT_EXAMPLES:
-        response = EPICPRM_RESPONSE_PREFIX + format_steps(steps, "step_k") + f"Step {len(steps) + 1}: {final}"
-        messages.append({"role": "user", "content": f"Instruction: {example_problem}"})
-        messages.append({"role": "assistant", "content": response})
-    messages.append({"role": "user", "content": f"Instruction: {problem}"})
-    tokenizer = getattr(model, "tokenizer", None)
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        prompt = render_chat(tokenizer, messages)
-    else:
-        prompt = render_plain(messages)
-    return prompt + EPICPRM_RESPONSE_PREFIX
+__all__ = ["main", "measure_arith_levels", "recheck", "write_report"]
 
 
 def _prompt(model: object, problem: str, prompt_format: PromptFormat) -> str:
-    if prompt_format == "step_k_arith":
-        return arith_few_shot_prompt(model, problem)
     return solution_prompt(model, problem, prompt_format)
 
 
@@ -111,7 +75,7 @@ def measure_arith_levels(
     threads: int = 1,
     max_new_tokens: int = 160,
     temperature: float = 0.7,
-    prompt_format: PromptFormat = "step_k",
+    prompt_format: PromptFormat = "step_k_arith",
     seed: int = 0,
     backend: BackendConfig | dict[str, Any] | None = None,
     questions_per_call: int = 1,
@@ -127,7 +91,7 @@ def measure_arith_levels(
         threads: torch CPU threads for the default backend (the embedded SmolLM2 on transformers).
         max_new_tokens, temperature: sampling budget and temperature.
         prompt_format: ``step_k`` (EpicPRM's 2-shot prompt), ``double_newline`` (Qwen's), or
-            ``step_k_arith`` (:func:`arith_few_shot_prompt`: ``step_k`` with arithmetic examples).
+            ``step_k_arith`` (:func:`~prmloop.models.prompts.arith_prompt`: plain text, arithmetic examples).
         seed: question seed, also mixed into each question's sampling seed.
         backend: a backend configuration; ``None`` means SmolLM2 on transformers with ``threads``.
         questions_per_call: questions sampled in one ``generate`` call (``questions_per_call * k``
@@ -145,7 +109,7 @@ def measure_arith_levels(
         if backend is None
         else BackendConfig.model_validate(backend)
     )
-    split_style: StepFormat = "double_newline" if prompt_format == "double_newline" else "step_k"
+    split_style = step_format(prompt_format)
     started = time.perf_counter()
     engine = build_backend(config)
     load_s = time.perf_counter() - started
@@ -164,6 +128,7 @@ def measure_arith_levels(
                 n=k,
                 max_new_tokens=max_new_tokens,
                 temperature=temperature,
+                stop=stop_strings(prompt_format),
                 seed=_sampling_seed(batch[0].id, seed),
             )
             tick = time.perf_counter()
@@ -343,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--prompt-format", choices=["step_k", "double_newline", "step_k_arith"], default="step_k")
+    parser.add_argument("--prompt-format", choices=list(PROMPT_FORMATS), default="step_k_arith")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--questions-per-call", type=int, default=4)
     parser.add_argument("--out", default="out/arith_levels.json")

@@ -8,6 +8,7 @@ Monte-Carlo estimators need: the final answer, the log-probability mass of the g
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import threading
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from prmloop.models.backends.base import Generator, SamplingParams
-    from prmloop.models.prompts import StepFormat
+    from prmloop.models.prompts import PromptFormat
 
 __all__ = [
     "AnswerChecker",
@@ -127,7 +128,7 @@ class GeneratorCompleter:
         self,
         generator: Generator,
         *,
-        style: StepFormat = "step_k",
+        style: PromptFormat = "step_k",
         params: SamplingParams | None = None,
         seed: int = 0,
         name: str | None = None,
@@ -144,11 +145,20 @@ class GeneratorCompleter:
         self._draws: dict[tuple[str, int], int] = {}
         self._draw_lock = threading.Lock()
 
+    def with_style(self, style: PromptFormat) -> GeneratorCompleter:
+        """This completer continuing solutions sampled with prompt format ``style`` (same engine, lock,
+        seeds and draw counters), for a service whose solutions come in several formats."""
+        if style == self.style:
+            return self
+        view = copy.copy(self)
+        view.style = style
+        return view
+
     def prefix(self, question: str, steps: Sequence[str]) -> str:
         """The text a rollout from the state through ``steps`` continues."""
-        from prmloop.models.prompts import format_steps, solution_prompt
+        from prmloop.models.prompts import format_steps, solution_prompt, step_format
 
-        return solution_prompt(self.generator, question, self.style) + format_steps(steps, self.style)
+        return solution_prompt(self.generator, question, self.style) + format_steps(steps, step_format(self.style))
 
     def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
         from prmloop.models.answers import extract_answer
@@ -157,7 +167,12 @@ class GeneratorCompleter:
             draw = self._draws.get((question, len(steps)), 0)
             self._draws[(question, len(steps))] = draw + 1
         digest = hashlib.blake2b(f"{self.seed}|{question}|{len(steps)}|{draw}".encode(), digest_size=4).digest()
-        params = self.params.model_copy(update={"n": n, "seed": int.from_bytes(digest, "big") & 0x7FFFFFFF})
+        from prmloop.models.prompts import stop_strings
+
+        update: dict[str, object] = {"n": n, "seed": int.from_bytes(digest, "big") & 0x7FFFFFFF}
+        if stop_strings(self.style):
+            update["stop"] = tuple(dict.fromkeys((*self.params.stop, *stop_strings(self.style))))
+        params = self.params.model_copy(update=update)
         prefix = self.prefix(question, steps)
         if self._lock is None:
             completions = self.generator.rollouts(prefix, n, params)

@@ -34,7 +34,6 @@ not exactly located.
 from prmloop.models.arith.checker import StepCheck, StepVerdict, check_steps
 from prmloop.models.arith.curriculum import (
     DEFAULT_CONSTANTS,
-    FEW_SHOT_EXAMPLES,
     LEVELS,
     ArithChain,
     ArithQuestion,
@@ -49,7 +48,6 @@ from prmloop.models.arith.equations import find_equations, parse_number
 
 __all__ = [
     "DEFAULT_CONSTANTS",
-    "FEW_SHOT_EXAMPLES",
     "LEVELS",
     "ArithChain",
     "ArithQuestion",

@@ -49,3 +49,28 @@ def test_a_random_model_never_reaches_the_answer_and_the_ledger_says_why(tiny_ba
     assert (s0.step_index, s0.rollouts, s0.correct_rollouts) == (-1, 4, 0)  # grew from 2 to N_max = 4
     assert result.cost.rollouts == 4 and result.cost.generated_tokens > 0
     assert sum(result.cost.failures.values()) == result.cost.rollouts  # all cut by length or unparseable
+
+
+def test_a_completer_view_continues_each_solution_in_its_own_prompt_format(tiny_backend: TransformersBackend) -> None:
+    from prmloop.models.prompts import arith_prompt, stop_strings
+
+    completer = GeneratorCompleter(tiny_backend, params=SamplingParams(temperature=1.0, max_new_tokens=6))
+    arith = completer.with_style("step_k_arith")
+    assert completer.with_style("step_k") is completer and arith.style == "step_k_arith"
+    assert completer.style == "step_k"  # the view does not change the shared completer
+    assert arith.prefix(QUESTION, STEPS[:1]) == arith_prompt(QUESTION) + "Step 1: Tom starts with 3 apples.\n"
+    calls: list[SamplingParams] = []
+    real = tiny_backend.rollouts
+
+    def recording(prefix: str, n: int, params: SamplingParams | None = None) -> list:  # type: ignore[type-arg]
+        assert params is not None
+        calls.append(params)
+        return real(prefix, n, params)
+
+    tiny_backend.rollouts = recording  # type: ignore[method-assign]
+    try:
+        arith.complete(QUESTION, STEPS[:1], 2)
+        completer.complete(QUESTION, STEPS[:1], 2)
+    finally:
+        del tiny_backend.rollouts
+    assert calls[0].stop == stop_strings("step_k_arith") and calls[1].stop == ()

@@ -79,3 +79,43 @@ def test_solution_uncertainty_record() -> None:
 def test_settings_refuse_an_unknown_strategy_by_name() -> None:
     with pytest.raises(ValueError, match="unknown selection strategy 'best'"):
         SampleSettings(strategy="best")
+
+
+class RecordingGenerator(ScriptedGenerator):
+    """Also records the prompts it was given."""
+
+    def __init__(self, samples: Sequence[tuple[str, Sequence[float]]]) -> None:
+        super().__init__(samples)
+        self.prompts: list[str] = []
+
+    def generate(self, prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
+        self.prompts.extend(prompts)
+        return super().generate(prompts, params)
+
+
+def test_auto_prompts_arith_questions_with_the_curriculum_examples_and_others_with_epicprm() -> None:
+    from prmloop.producers.arith import arith_questions
+
+    [arith] = arith_questions(1, level=1, seed=0)
+    gsm = Question(id="g1", dataset="gsm8k", problem="What is 2+2?", gold_answer="4")
+    texts = [(f"Step 1: 1+1=2.\nStep 2: The final answer is: {arith.gold_answer}", [-0.5] * 4)]
+    model = ModelRef(backend="scripted", name="scripted")
+    generator = RecordingGenerator(texts)
+    settings = SampleSettings(k=1, m=1, n=1)
+    arith_result = sample_question(generator, model, arith, settings)
+    gsm_result = sample_question(generator, model, gsm, settings)
+    arith_prompt, gsm_prompt = generator.prompts
+    assert arith_prompt.startswith("Question: Ella has 5 cards.") and arith_prompt.endswith(f"{arith.problem}\n")
+    assert "Instruction:" in gsm_prompt and "Question:" not in gsm_prompt
+    # A plain few-shot prompt has no end-of-turn token: the next "Question:" block ends the solution.
+    assert generator.calls[0].stop == ("\n\n", "\nQuestion:") and generator.calls[1].stop == ()
+    formats = [
+        e.payload.prompt_format
+        for e in (*arith_result.events, *gsm_result.events)
+        if isinstance(e.payload, SolutionSampled)
+    ]
+    assert formats == ["step_k_arith", "step_k"]
+    # An explicit choice wins over auto, for arith questions too.
+    explicit = sample_question(generator, model, arith, settings.model_copy(update={"prompt_format": "step_k"}))
+    assert "Instruction:" in generator.prompts[-1]
+    assert [e.payload.prompt_format for e in explicit.events if isinstance(e.payload, SolutionSampled)] == ["step_k"]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.evals.arith import arith_few_shot_prompt, measure_arith_levels, recheck, write_report
+from prmloop.flows.evals.arith import measure_arith_levels, recheck, write_report
 from prmloop.models.answers import extract_answer
-from prmloop.models.arith import FEW_SHOT_EXAMPLES, find_equations, generate_question, reference_solution
+from prmloop.models.arith import find_equations, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS, BackendConfig
-from prmloop.models.prompts import EPICPRM_RESPONSE_PREFIX
+from prmloop.models.prompts import ARITH_EXAMPLES, solution_prompt, step_format, stop_strings
 
 
 class ScriptedGenerator:
@@ -87,24 +87,27 @@ def test_a_tiny_random_model_runs_the_whole_measurement_and_the_report_is_json(
         assert 0.0 <= level["accuracy"] <= 1.0
         assert level["completion_tokens"] > 0 and level["tokens_per_s"] > 0
     assert {s["check_status"] for s in result["solutions"]} <= {"exact", "unknown"}
-    assert result["config"]["prompt_format"] == "step_k"
+    assert result["config"]["prompt_format"] == "step_k_arith"
     path = write_report(result, tmp_path / "out" / "arith_levels.json")
     assert json.loads(path.read_text())["levels"] == result["levels"]
 
 
-def test_the_arithmetic_few_shot_prompt_is_step_k_with_the_curriculum_examples() -> None:
-    prompt = arith_few_shot_prompt(
-        object(), "Tom has 3 apples. He buys 4 more apples. How many apples does Tom have now?"
-    )
-    assert prompt.endswith(EPICPRM_RESPONSE_PREFIX)
-    assert prompt.count("Instruction:") == 3
+def test_the_arithmetic_prompt_is_plain_step_k_with_the_curriculum_examples() -> None:
+    problem = "Tom has 3 apples. He buys 4 more apples. How many apples does Tom have now?"
+    prompt = solution_prompt(object(), problem, "step_k_arith")
+    assert prompt.endswith(f"Question: {problem}\n")
+    assert prompt.count("Question:") == len(ARITH_EXAMPLES) + 1
     assert "Step 1: The bags hold 4 * 3 = 12 shells.\nStep 2: He loses 2, so 12 - 2 = 10 shells.\n" in prompt
-    assert "Step 3: The final answer is: 10" in prompt
+    assert "Step 3: The final answer is: 10\n" in prompt
     assert "right triangle" not in prompt  # EpicPRM's MATH examples are replaced, not added to
+    # The model's next line is a step; a new "Question:" block or a blank line ends the solution.
+    assert all(stop in prompt for stop in stop_strings("step_k_arith"))
+    assert step_format("step_k_arith") == "step_k"
 
 
 def test_the_few_shot_examples_are_right_by_the_checker_own_rules() -> None:
-    for _problem, steps, final in FEW_SHOT_EXAMPLES:
+    for example in ARITH_EXAMPLES:
+        steps, final = example.steps, example.final_answer
         equations = [e for s in steps for e in find_equations(s)]
         assert equations and all(e.holds for e in equations)
         assert extract_answer(final) == str(equations[-1].results()[0])
