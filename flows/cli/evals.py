@@ -58,9 +58,14 @@ def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
 
 @settings_command(eval_app, EvalAnnotateSettings, name="annotate", exclude=SERVICE_ONLY_ALL)
 def eval_annotate(settings: EvalAnnotateSettings) -> None:
-    """Label ProcessBench solutions with a real completer; agreement with the human first-error labels."""
+    """Label solutions with a real completer and compare with the truth: ProcessBench's human first-error
+    labels, or (--dataset arith) the exact first errors of the model's own arithmetic solutions, for
+    every strategy on the same solutions."""
     from prmloop.flows.evals.annotate import evaluate_processbench
 
+    if settings.dataset == "arith":
+        _eval_annotate_arith(settings)
+        return
     summary = evaluate_processbench(
         settings,
         progress=lambda row: err.print(
@@ -69,6 +74,44 @@ def eval_annotate(settings: EvalAnnotateSettings) -> None:
             soft_wrap=True,
         ),
     )
+    typer.echo(json.dumps(summary))
+
+
+def _eval_annotate_arith(settings: EvalAnnotateSettings) -> None:
+    from prmloop.flows.evals.annotate_arith import evaluate_arith, parse_strategies
+
+    try:
+        levels = [int(level.strip().upper().removeprefix("L")) for level in settings.levels.split(",") if level.strip()]
+        parse_strategies(settings.strategies)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+    def progress(row: dict[str, object]) -> None:
+        if row["phase"] == "sampling":
+            err.print(f"sampled {row['solutions']} solutions: {row['chosen']} of {row['limit']} chosen", soft_wrap=True)
+        else:
+            err.print(
+                f"{row['phase']}: {row['question_id']}#{row['sample']} exact {row['exact_first_error']}, "
+                f"predicted {row['predicted_first_error']} ({row['status']}), {row['rollouts']} rollouts",
+                soft_wrap=True,
+                markup=False,
+            )
+
+    summary = evaluate_arith(
+        settings,
+        levels=levels,
+        limit=settings.limit,
+        k=settings.k,
+        sample_temperature=settings.sample_temperature,
+        seed=settings.seed,
+        strategies=settings.strategies,
+        progress=progress,
+    )
+    if settings.out is not None:
+        settings.out.parent.mkdir(parents=True, exist_ok=True)
+        settings.out.write_text(json.dumps(summary, indent=1))
+        err.print(f"report: {settings.out}")
+    summary.pop("per_solution")
     typer.echo(json.dumps(summary))
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -42,13 +42,30 @@ class EvalAnnotateSettings(AnnotatorSettings):
 
     model_config = SettingsConfigDict(env_prefix="PRMLOOP_EVAL_ANNOTATE_", frozen=True, extra="ignore")
 
+    dataset: Literal["processbench", "arith"] = Field(
+        default="processbench",
+        description="processbench (human first errors) or arith (the model's own solutions, exact first errors)",
+    )
     file: Path | None = Field(default=None, description="ProcessBench file (default: processbench/gsm8k.json)")
     limit: int = Field(default=5, ge=1, description="solutions with a wrong final answer to label")
+    levels: str = Field(default="1,2,3", description="arith: curriculum levels to sample, comma-separated")
+    strategies: str | None = Field(
+        default=None,
+        description=(
+            "arith: strategies to compare, comma-separated, each NAME or NAME:WEIGHTING "
+            "(default: sequential, binary, adaptive_binary, adaptive_binary:count, uncertainty_driven)"
+        ),
+    )
+    k: int = Field(
+        default=4, ge=1, description="arith: solutions sampled per question", json_schema_extra={"flag": "-k"}
+    )
+    sample_temperature: float = Field(default=0.7, ge=0.0, description="arith: temperature of the sampled solutions")
     rollouts: int = Field(default=8, ge=1, description="sequential/binary: rollouts per state (hard MC)")
     n0: int = Field(default=8, ge=1, description="adaptive sampling: first rollouts of a state (N0)")
     n_min: int = Field(default=4, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
     n_max: int = Field(default=16, ge=1, description="adaptive sampling: at most this many rollouts (N_max)")
     max_new_tokens: int = Field(default=256, ge=1, description="rollout budget; longer rollouts count as wrong")
+    out: Path | None = Field(default=None, description="also write the whole report (every solution) as JSON here")
 
 
 #: Service options that mean nothing for a one-off evaluation (no topic, no group, no simulator).

@@ -44,7 +44,7 @@ from typing import Any
 
 from prmloop.models.answers import extract_answer
 from prmloop.models.arith import check_steps, generate_question, level_spec
-from prmloop.models.backends.base import SamplingParams
+from prmloop.models.backends.base import Generator, SamplingParams
 from prmloop.models.backends.registry import BackendConfig, build_backend
 from prmloop.models.grading import grade
 from prmloop.models.prompts import PROMPT_FORMATS, PromptFormat, solution_prompt, step_format, stop_strings
@@ -80,6 +80,8 @@ def measure_arith_levels(
     backend: BackendConfig | dict[str, Any] | None = None,
     questions_per_call: int = 1,
     keep_solutions: bool = True,
+    engine: Generator | None = None,
+    first_question: int = 0,
     progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Sample ``k`` solutions of ``n_questions`` questions of each level and grade and check them.
@@ -97,6 +99,8 @@ def measure_arith_levels(
         questions_per_call: questions sampled in one ``generate`` call (``questions_per_call * k``
             sequences decode together, which is faster per token on a CPU).
         keep_solutions: include every sampled solution with its check in the result.
+        engine: an already loaded generator (``backend`` and ``threads`` are then not used).
+        first_question: skip the first questions of each level (``arith/L<level>/<seed>/<first>..``).
         progress: called with a small dict after every ``generate`` call.
 
     Returns:
@@ -111,13 +115,14 @@ def measure_arith_levels(
     )
     split_style = step_format(prompt_format)
     started = time.perf_counter()
-    engine = build_backend(config)
+    if engine is None:
+        engine = build_backend(config)
     load_s = time.perf_counter() - started
     summaries: list[dict[str, Any]] = []
     solutions: list[dict[str, Any]] = []
     for level in levels:
         spec = level_spec(level)
-        questions = arith_questions(n_questions, level=spec.level, seed=seed)
+        questions = arith_questions(first_question + n_questions, level=spec.level, seed=seed)[first_question:]
         rows: list[dict[str, Any]] = []
         generation_s = 0.0
         tokens = 0
