@@ -71,7 +71,8 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     model_config = SettingsConfigDict(env_prefix="PRMLOOP_ANNOTATOR_", frozen=True, extra="ignore")
 
     strategy: str = Field(
-        default="adaptive_binary", description="sequential, binary, adaptive_binary or uncertainty_driven"
+        default="adaptive_binary",
+        description="sequential, binary, adaptive_binary, uncertainty_driven or bisection (Δu prior, sequential stop)",
     )
     completer: Literal["model", "simulator"] = Field(default="model", description="a model backend, or the simulator")
     prompt_format: Literal["step_k", "double_newline", "step_k_arith"] = Field(
@@ -117,7 +118,7 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
             params["n"] = self.rollouts
         else:
             params["sampling"] = Sampling(n0=self.n0, n_min_correct=self.n_min, n_max=max(self.n_max, self.n0))
-            if self.strategy == "adaptive_binary":
+            if self.strategy in ("adaptive_binary", "bisection"):
                 params["alpha"] = self.alpha
         if self.weighting is not None:
             params["weighting"] = self.weighting

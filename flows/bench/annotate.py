@@ -13,10 +13,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from prmloop.models.annotation.strategies import STRATEGIES, AnnotationStrategy, annotate, make_strategy
+from prmloop.models.annotation.bisection import BISECTION_STOPPING
+from prmloop.models.annotation.estimate import ADAPTIVE_SAMPLING
+from prmloop.models.annotation.strategies import (
+    AnnotationStrategy,
+    BinarySearch,
+    SequentialSearch,
+    StateTest,
+    annotate,
+    make_strategy,
+)
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, SimulatorConfig, simulate_solutions
 
-__all__ = ["PAPER_ANCHORS", "bench_annotate", "run_strategy"]
+__all__ = ["PAPER_ANCHORS", "SWEEP_STRATEGIES", "bench_annotate", "rule_of", "run_strategy", "variants"]
 
 PAPER_ANCHORS = {
     "adaptive_binary_vs_sequential": {
@@ -88,6 +97,57 @@ def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
     }
 
 
+def variants() -> dict[str, AnnotationStrategy]:
+    """Every strategy the bench compares, by report name.
+
+    The papers' four as published (``sequential`` and ``binary`` on Math-Shepherd's hard rule, N=48);
+    the same two searches under adaptive binary search's rule (``@relative``: ``MC(s_t) <= 0.5
+    MC(s_0)``, as many rollouts per state as ``s_0`` took), so that accuracy differences between
+    searches come from the search alone; the papers' two MC-PPL searches with sequential stopping
+    (``+stop``); and the probabilistic bisection (its own rule is the relative one, with stopping).
+    """
+    stop = BISECTION_STOPPING
+    relative = StateTest("relative")
+    return {
+        "sequential": make_strategy("sequential"),
+        "binary": make_strategy("binary"),
+        "adaptive_binary": make_strategy("adaptive_binary"),
+        "uncertainty_driven": make_strategy("uncertainty_driven"),
+        "sequential@relative": make_strategy("sequential", test=relative, weighting="inv_ppl"),
+        "binary@relative": make_strategy("binary", test=relative, weighting="inv_ppl"),
+        "binary@relative+stop": make_strategy("binary", test=StateTest("relative", stopping=stop), weighting="inv_ppl"),
+        "adaptive_binary+stop": make_strategy("adaptive_binary", stopping=stop),
+        "uncertainty_driven+stop": make_strategy("uncertainty_driven", stopping=stop),
+        "bisection": make_strategy("bisection"),
+        "bisection@paper_s0": make_strategy("bisection", sampling=ADAPTIVE_SAMPLING),
+    }
+
+
+def rule_of(strategy: AnnotationStrategy) -> str:
+    """Which state-labelling rule ``strategy`` used, in words (the bench prints it per strategy)."""
+    params = strategy.parameters()
+    if isinstance(strategy, SequentialSearch | BinarySearch):
+        test = strategy.test or StateTest("hard", n=strategy.n)
+        return test.describe()
+    stopping = params.get("stopping")
+    base = f"MC <= {params.get('alpha', 0.5)} MC(s_0), N as s_0"
+    if strategy.name == "uncertainty_driven":
+        base = f"MC < {params.get('tau_scale', 1.0)} MC(s_0), adaptive N per state"
+    if stopping:
+        stop = f"batch {stopping['batch']}, confidence {stopping['confidence']}, at most {stopping['n_max']}"
+        base += f", sequential stop ({stop})"
+    return base
+
+
+SWEEP_STRATEGIES = (
+    "adaptive_binary",
+    "uncertainty_driven",
+    "adaptive_binary+stop",
+    "bisection",
+    "bisection@paper_s0",
+)
+
+
 def bench_annotate(
     n_solutions: int = 800,
     quick: bool = False,
@@ -98,18 +158,24 @@ def bench_annotate(
     compare_weightings: bool = True,
     config: SimulatorConfig | None = None,
 ) -> dict[str, Any]:
-    """Run every strategy on the same ``n_solutions`` simulated incorrect solutions (100 with ``quick``).
+    """Run every strategy (:func:`variants`) on the same ``n_solutions`` simulated incorrect solutions
+    (100 with ``quick``).
 
-    Returns ``{"strategies": {name: {first_error_accuracy, step_accuracy, verified_steps, rollouts,
-    generated_tokens, ...}}, "ratios": ..., "paper_anchors": ..., "correlation_sweep": [...],
-    "weighting": ...}``. ``correlation`` is the simulator's uncertainty-error correlation (the chance the
-    error step has the largest Δu); ``sweep`` re-runs the two MC-PPL strategies at other correlations;
-    ``compare_weightings`` runs them with each MC-PPL rollout weight (the evidence for the default).
+    Returns ``{"strategies": {name: {rule, first_error_accuracy, step_accuracy, verified_steps, rollouts,
+    generated_tokens, tokens_vs_adaptive, ...}}, "ratios": ..., "paper_anchors": ..., "correlation_sweep":
+    [...], "weighting": ...}``. ``correlation`` is the simulator's uncertainty-error correlation (the
+    chance the error step has the largest Δu); ``sweep`` re-runs :data:`SWEEP_STRATEGIES` at other
+    correlations; ``compare_weightings`` runs the MC-PPL searches with each rollout weight.
     """
     n = 100 if quick else n_solutions
     base = dataclasses.replace(config or SimulatorConfig(), uncertainty_correlation=correlation)
     solutions = simulate_solutions(n, base, seed)
-    strategies = {name: run_strategy(make_strategy(name), solutions, base, seed) for name in STRATEGIES}
+    chosen = variants()
+    strategies = {
+        name: {"rule": rule_of(strategy), **run_strategy(strategy, solutions, base, seed)}
+        for name, strategy in chosen.items()
+    }
+    _tokens_vs(strategies, "adaptive_binary")
     out: dict[str, Any] = {
         "strategies": strategies,
         "ratios": _ratios(strategies),
@@ -121,19 +187,18 @@ def bench_annotate(
         for rho in sweep:
             cfg = dataclasses.replace(base, uncertainty_correlation=rho)
             sols = simulate_solutions(n, cfg, seed)
-            per = {
-                name: run_strategy(make_strategy(name), sols, cfg, seed)
-                for name in ("adaptive_binary", "uncertainty_driven")
-            }
-            per["sequential"] = strategies["sequential"]  # Δu does not change sequential search
-            ratios = _ratios(per)
+            per = {name: run_strategy(chosen[name], sols, cfg, seed) for name in SWEEP_STRATEGIES}
+            _tokens_vs(per, "adaptive_binary")
             rows.append(
                 {
                     "correlation": rho,
-                    "adaptive_binary_vs_sequential": ratios["adaptive_binary_vs_sequential"],
-                    "uncertainty_driven_vs_adaptive_binary": ratios["uncertainty_driven_vs_adaptive_binary"],
-                    "uncertainty_driven_first_error_accuracy": per["uncertainty_driven"]["first_error_accuracy"],
-                    "adaptive_binary_first_error_accuracy": per["adaptive_binary"]["first_error_accuracy"],
+                    **{
+                        name: {
+                            key: row[key]
+                            for key in ("first_error_accuracy", "rollouts", "generated_tokens", "tokens_vs_adaptive")
+                        }
+                        for name, row in per.items()
+                    },
                 }
             )
         out["correlation_sweep"] = rows
@@ -149,3 +214,9 @@ def bench_annotate(
             for name in ("adaptive_binary", "uncertainty_driven")
         }
     return out
+
+
+def _tokens_vs(results: dict[str, dict[str, Any]], reference: str) -> None:
+    ref = results[reference]["generated_tokens"]
+    for row in results.values():
+        row["tokens_vs_adaptive"] = round(row["generated_tokens"] / ref, 4) if ref else None

@@ -53,7 +53,7 @@ class EvalAnnotateSettings(AnnotatorSettings):
         default=None,
         description=(
             "arith: strategies to compare, comma-separated, each NAME or NAME:WEIGHTING "
-            "(default: sequential, binary, adaptive_binary, adaptive_binary:count, uncertainty_driven)"
+            "(default: sequential, binary, adaptive_binary, adaptive_binary:count, uncertainty_driven, bisection)"
         ),
     )
     k: int = Field(

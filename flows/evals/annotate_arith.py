@@ -31,7 +31,14 @@ from prmloop.consumers.annotator import AnnotatorSettings, build_annotator
 
 __all__ = ["DEFAULT_STRATEGIES", "choose_solutions", "evaluate_arith", "parse_strategies"]
 
-DEFAULT_STRATEGIES = ("sequential", "binary", "adaptive_binary", "adaptive_binary:count", "uncertainty_driven")
+DEFAULT_STRATEGIES = (
+    "sequential",
+    "binary",
+    "adaptive_binary",
+    "adaptive_binary:count",
+    "uncertainty_driven",
+    "bisection",
+)
 
 
 def parse_strategies(text: str | Sequence[str] | None) -> list[tuple[str, str | None]]:
@@ -128,7 +135,7 @@ def evaluate_arith(
 
     # 2. Δu for the uncertainty-driven search (teacher forcing, as the step scorer does).
     deltas: dict[int, tuple[float, ...]] = {}
-    if any(name == "uncertainty_driven" for name, _ in parsed):
+    if any(name in ("uncertainty_driven", "bisection") for name, _ in parsed):
         for i, row in enumerate(chosen):
             prompt = solution_prompt(engine, row["problem"], "step_k_arith")
             logprobs, offsets = teacher_forced_logprobs(engine, prompt, row["steps"], "step_k")

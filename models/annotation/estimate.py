@@ -37,6 +37,7 @@ __all__ = [
     "CostTally",
     "MCEstimator",
     "Sampling",
+    "SequentialStopping",
     "StateEstimate",
     "Weighting",
     "mc_ppl",
@@ -106,6 +107,50 @@ ADAPTIVE_SAMPLING = Sampling()
 
 
 @dataclass(frozen=True, slots=True)
+class SequentialStopping:
+    """Sequential stopping of MC sampling: at a probed state, draw ``batch`` rollouts at a time and stop
+    once "MC(s) <= threshold or not" is settled at ``confidence``.
+
+    The state's success rate ``p`` gets a Beta(``prior_a``, ``prior_b``) prior; after ``n`` rollouts of
+    which a weighted fraction ``v`` (MC or MC-PPL) succeeded, the posterior is Beta(a + v n, b + (1 - v) n).
+    The state is settled *bad* when ``P(p <= threshold) >= confidence`` and *good* when ``P(p >
+    threshold) >= confidence``. A threshold of 0 is the hard-MC rule ("any rollout correct"): one
+    correct rollout settles *good*; ``n_max`` rollouts without one settle *bad*. At ``n_max`` the point
+    estimate decides (the caller's fallback), so the cost of a state is bounded as with a fixed N.
+    """
+
+    batch: int = 4
+    n_max: int = 32
+    confidence: float = 0.9
+    prior_a: float = 1.0
+    prior_b: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch <= self.n_max or not 0.5 < self.confidence < 1.0 or min(self.prior_a, self.prior_b) <= 0:
+            raise ValueError(
+                f"sequential stopping needs 1 <= batch <= n_max, 0.5 < confidence < 1, a, b > 0; got {self}"
+            )
+
+    def settled(self, value: float, rollouts: int, correct: int, threshold: float) -> bool | None:
+        """``True`` (bad), ``False`` (good) or ``None`` (draw more) after ``rollouts`` with this ``value``."""
+        if rollouts == 0:
+            return None
+        if threshold <= 0.0:
+            return False if correct > 0 else (True if rollouts >= self.n_max else None)
+        if threshold >= 1.0:
+            return True
+        from scipy.stats import beta
+
+        successes = value * rollouts
+        below = float(beta.cdf(threshold, self.prior_a + successes, self.prior_b + rollouts - successes))
+        if below >= self.confidence:
+            return True
+        if 1.0 - below >= self.confidence:
+            return False
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class StateEstimate:
     """One MC estimate of the state through step ``step_index`` (0-based; ``-1`` is ``s_0``, the question)."""
 
@@ -171,6 +216,7 @@ class MCEstimator:
         self.ledger = CostTally()
         self.estimates: list[StateEstimate] = []
         self._cache: dict[int, StateEstimate] = {}
+        self._graded: dict[int, list[list[tuple[Rollout, bool]]]] = {}
 
     @property
     def n_steps(self) -> int:
@@ -192,18 +238,59 @@ class MCEstimator:
         else:
             prefix = self.steps[: step_index + 1]
             per_completer = [self._sample(completer, prefix, sampling) for completer in self.completers]
-            result = StateEstimate(
-                step_index=step_index,
-                value=mc_ppl(per_completer, self.weighting),
-                rollouts=sum(len(rs) for rs in per_completer),
-                correct_rollouts=sum(ok for rs in per_completer for _, ok in rs),
-                weighted=weighted,
-            )
+            self._graded[step_index] = per_completer
+            result = self._summary(step_index, per_completer)
             if step_index >= 0:
                 self.ledger.verified_steps += 1
         self._cache[step_index] = result
         self.estimates.append(result)
         return result
+
+    def _summary(self, step_index: int, per_completer: Sequence[Sequence[tuple[Rollout, bool]]]) -> StateEstimate:
+        return StateEstimate(
+            step_index=step_index,
+            value=mc_ppl(per_completer, self.weighting),
+            rollouts=sum(len(rs) for rs in per_completer),
+            correct_rollouts=sum(ok for rs in per_completer for _, ok in rs),
+            weighted=self.weighting != "count",
+        )
+
+    def extend(self, step_index: int, n: int) -> StateEstimate:
+        """Draw ``n`` more rollouts of the state (per completer) and merge them into its estimate.
+
+        The first call for a state samples it (as :meth:`estimate` with a fixed ``n``); later calls add
+        to what earlier probes drew, so a search that returns to a state reuses its rollouts.
+        """
+        if step_index not in self._cache:
+            return self.estimate(step_index, Sampling.fixed(n))
+        if step_index == self.n_steps - 1 and self.final_state_known_wrong:
+            return self._cache[step_index]
+        prefix = self.steps[: step_index + 1]
+        graded = self._graded[step_index]
+        for completer, rollouts in zip(self.completers, graded, strict=True):
+            rollouts.extend((rollout, self._grade(rollout)) for rollout in self._call(completer, prefix, n))
+        result = self._summary(step_index, graded)
+        self._cache[step_index] = result
+        self.estimates = [e for e in self.estimates if e.step_index != step_index] + [result]
+        return result
+
+    def decide(self, step_index: int, threshold: float, stopping: SequentialStopping) -> bool:
+        """Whether the state through ``step_index`` is *bad* (``MC <= threshold``), drawing rollouts in
+        batches of ``stopping.batch`` only until the answer is settled (:class:`SequentialStopping`).
+
+        Rollouts the state already has count; at ``stopping.n_max`` the point estimate decides.
+        """
+        if step_index == self.n_steps - 1 and self.final_state_known_wrong:
+            return self.estimate(step_index, Sampling.fixed(1)).value <= threshold  # no rollout: MC = 0
+        estimate = self._cache.get(step_index)
+        while True:
+            if estimate is not None:
+                verdict = stopping.settled(estimate.value, estimate.rollouts, estimate.correct_rollouts, threshold)
+                if verdict is not None:
+                    return verdict
+                if estimate.rollouts >= stopping.n_max * len(self.completers):
+                    return estimate.value <= threshold
+            estimate = self.extend(step_index, stopping.batch)
 
     def _sample(self, completer: Completer, prefix: Sequence[str], sampling: Sampling) -> list[tuple[Rollout, bool]]:
         graded: list[tuple[Rollout, bool]] = []

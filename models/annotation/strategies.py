@@ -12,7 +12,11 @@ name                      decision                                              
 ``binary``                binary search on "any rollout correct" (hard MC, N=48)    OmegaPRM
 ``adaptive_binary``       C(a_t) = MC_PPL(s_t)/MC_PPL(s_0) <= alpha, Eq. 4-5 start  EpicPRM Alg. 1
 ``uncertainty_driven``    descending Δu, first MC_PPL(s_i) < tau = MC_PPL(s_0)      UnPRM Alg. 1
+``bisection``             posterior over the first error, Δu prior, noisy probes    this project
 ========================  =======================================================  ====================
+
+Every strategy can take sequential stopping of its MC sampling (:class:`SequentialStopping`); the
+hard-MC baselines take a :class:`StateTest` so they can be run under adaptive binary search's rule.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from prmloop.models.annotation.bisection import ProbabilisticBisection
 from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
 from prmloop.models.annotation.estimate import (
     ADAPTIVE_SAMPLING,
@@ -31,6 +36,7 @@ from prmloop.models.annotation.estimate import (
     CostTally,
     MCEstimator,
     Sampling,
+    SequentialStopping,
     StateEstimate,
     Weighting,
 )
@@ -41,8 +47,10 @@ __all__ = [
     "Annotation",
     "AnnotationStrategy",
     "BinarySearch",
+    "ProbabilisticBisection",
     "SequentialSearch",
     "SolutionToLabel",
+    "StateTest",
     "UncertaintyDrivenSearch",
     "annotate",
     "difficulty_level",
@@ -109,49 +117,106 @@ class AnnotationStrategy(Protocol):
 
 
 def _params(strategy: Any) -> dict[str, Any]:
+    """The strategy's parameters for events and reports; options left unset (``None``) are omitted, so
+    adding an option does not change the ids of labels made without it."""
     out = dataclasses.asdict(strategy)
     out.pop("name", None)
-    return out
+    return {key: value for key, value in out.items() if value is not None}
+
+
+Rule = Literal["hard", "relative"]
+
+
+@dataclass(frozen=True, slots=True)
+class StateTest:
+    """How a search decides that the state through a step is *bad* (its last step is wrong).
+
+    ``hard`` (Math-Shepherd, OmegaPRM): bad when none of ``n`` rollouts reaches the answer. ``relative``
+    (EpicPRM Eq. 3, Alg. 1 l. 11): ``MC(s_0)`` first, with the adaptive ``sampling``; then bad when
+    ``MC(s_t) <= alpha * MC(s_0)``, each state getting the number of rollouts ``s_0`` took. With
+    ``stopping`` every state draws rollouts in small batches until its verdict is settled
+    (:class:`SequentialStopping`) instead of a fixed count. Every strategy takes one, so a comparison
+    can give them all the same rule and let only the search differ.
+    """
+
+    rule: Rule = "hard"
+    n: int = 48
+    alpha: float = 0.5
+    sampling: Sampling = ADAPTIVE_SAMPLING
+    stopping: SequentialStopping | None = None
+
+    def prepare(self, estimator: MCEstimator) -> tuple[float, Sampling] | None:
+        """The threshold and per-state sampling for this solution; ``None`` when ``MC(s_0) = 0`` under the
+        relative rule (the completers never solve the question: nothing can be located)."""
+        if self.rule == "hard":
+            return 0.0, Sampling.fixed(self.n)
+        s0 = estimator.estimate(-1, self.sampling)
+        if s0.correct_rollouts == 0:
+            return None
+        return self.alpha * s0.value, Sampling.fixed(max(1, s0.rollouts // len(estimator.completers)))
+
+    def bad(self, estimator: MCEstimator, step: int, threshold: float, per_state: Sampling) -> bool:
+        if self.stopping is not None:
+            return estimator.decide(step, threshold, self.stopping)
+        return estimator.estimate(step, per_state).value <= threshold
+
+    def describe(self) -> str:
+        """One line for reports: which labelling rule a strategy used."""
+        base = f"hard MC, N={self.n}" if self.rule == "hard" else f"MC <= {self.alpha} MC(s_0), N as s_0"
+        if self.stopping is not None:
+            stop = self.stopping
+            base += f", sequential stop (batch {stop.batch}, confidence {stop.confidence}, at most {stop.n_max})"
+        return base
 
 
 @dataclass(frozen=True, slots=True)
 class SequentialSearch:
-    """Estimate the states through steps 0, 1, ... and stop at the first with no correct rollout
-    (Math-Shepherd's hard label: "a step is correct if any rollout reaches the gold answer")."""
+    """Estimate the states through steps 0, 1, ... and stop at the first bad one (by default
+    Math-Shepherd's hard label: "a step is correct if any of 48 rollouts reaches the gold answer")."""
 
     n: int = 48
     weighting: Weighting = "count"
+    test: StateTest | None = None
     name: str = "sequential"
 
     def parameters(self) -> dict[str, Any]:
         return _params(self)
 
     def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
-        sampling = Sampling.fixed(self.n)
+        test = self.test or StateTest("hard", n=self.n)
+        prepared = test.prepare(estimator)
+        if prepared is None:
+            return None
+        threshold, per_state = prepared
         for step in range(estimator.n_steps):
-            if estimator.estimate(step, sampling).correct_rollouts == 0:
+            if test.bad(estimator, step, threshold, per_state):
                 return step
         return None
 
 
 @dataclass(frozen=True, slots=True)
 class BinarySearch:
-    """OmegaPRM's binary search on the hard label: the state through ``mid`` is good when any of ``n``
-    rollouts reaches the gold answer; the first bad state's last step is the first error."""
+    """OmegaPRM's binary search (by default on the hard label: the state through ``mid`` is good when
+    any of 48 rollouts reaches the gold answer); the first bad state's last step is the first error."""
 
     n: int = 48
     weighting: Weighting = "count"
+    test: StateTest | None = None
     name: str = "binary"
 
     def parameters(self) -> dict[str, Any]:
         return _params(self)
 
     def search(self, solution: SolutionToLabel, estimator: MCEstimator) -> int | None:
-        sampling = Sampling.fixed(self.n)
+        test = self.test or StateTest("hard", n=self.n)
+        prepared = test.prepare(estimator)
+        if prepared is None:
+            return None
+        threshold, per_state = prepared
         left, right = 0, estimator.n_steps - 1
         while left <= right:
             mid = (left + right) // 2
-            if estimator.estimate(mid, sampling).correct_rollouts == 0:
+            if test.bad(estimator, mid, threshold, per_state):
                 right = mid - 1
             else:
                 left = mid + 1
@@ -196,6 +261,7 @@ class AdaptiveBinarySearch:
     sampling: Sampling = ADAPTIVE_SAMPLING
     weighting: Weighting = "inv_ppl"
     dynamic_start: bool = True
+    stopping: SequentialStopping | None = None
     name: str = "adaptive_binary"
 
     def parameters(self) -> dict[str, Any]:
@@ -218,7 +284,7 @@ class AdaptiveBinarySearch:
             else:
                 mid = (left + right) // 2
             first = False
-            if estimator.estimate(mid, per_state).value <= threshold:
+            if StateTest("relative", stopping=self.stopping).bad(estimator, mid, threshold, per_state):
                 right = mid - 1
             else:
                 left = mid + 1
@@ -239,6 +305,7 @@ class UncertaintyDrivenSearch:
     tau_scale: float = 1.0
     sampling: Sampling = ADAPTIVE_SAMPLING
     weighting: Weighting = "inv_ppl"
+    stopping: SequentialStopping | None = None
     name: str = "uncertainty_driven"
 
     def parameters(self) -> dict[str, Any]:
@@ -255,7 +322,11 @@ class UncertaintyDrivenSearch:
         tau = self.tau_scale * estimator.estimate(-1, self.sampling).value
         order = sorted(range(len(deltas)), key=lambda t: -deltas[t])
         for step in order:
-            if estimator.estimate(step, self.sampling).value < tau:
+            if self.stopping is not None:
+                # "< tau" as "<= tau" minus nothing: a settled posterior below tau is the same decision.
+                if estimator.decide(step, tau, self.stopping):
+                    return step
+            elif estimator.estimate(step, self.sampling).value < tau:
                 return step
         return None
 
@@ -266,6 +337,7 @@ STRATEGIES: dict[str, Callable[..., AnnotationStrategy]] = {
     "binary": BinarySearch,
     "adaptive_binary": AdaptiveBinarySearch,
     "uncertainty_driven": UncertaintyDrivenSearch,
+    "bisection": ProbabilisticBisection,
 }
 
 

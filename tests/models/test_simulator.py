@@ -86,7 +86,19 @@ def test_injected_engine_failures_raise() -> None:
 def test_bench_reports_every_strategy_with_the_shape_the_cli_prints() -> None:
     result = bench_annotate(n_solutions=30, sweep=(0.0, 1.0), compare_weightings=False)
     keys = {"first_error_accuracy", "step_accuracy", "verified_steps", "rollouts", "generated_tokens"}
-    assert set(result["strategies"]) == {"sequential", "binary", "adaptive_binary", "uncertainty_driven"}
-    assert all(keys <= set(row) for row in result["strategies"].values())
+    papers = {"sequential", "binary", "adaptive_binary", "uncertainty_driven"}
+    assert papers | {"bisection", "sequential@relative", "binary@relative"} <= set(result["strategies"])
+    assert all(keys | {"rule", "tokens_vs_adaptive"} <= set(row) for row in result["strategies"].values())
+    rows = result["strategies"]
+    assert rows["sequential"]["rule"] == "hard MC, N=48" and rows["adaptive_binary"]["tokens_vs_adaptive"] == 1.0
+    assert rows["sequential@relative"]["rule"] == rows["adaptive_binary"]["rule"]
+    # Under adaptive binary search's rule the baselines find the first error as often as it does: the
+    # gap of the published baselines is their hard rule, not their search.
+    assert rows["sequential@relative"]["first_error_accuracy"] > rows["sequential"]["first_error_accuracy"] + 0.2
+    assert rows["binary@relative"]["first_error_accuracy"] > rows["binary"]["first_error_accuracy"] + 0.2
     sweep = result["correlation_sweep"]
-    assert sweep[1]["uncertainty_driven_first_error_accuracy"] > sweep[0]["uncertainty_driven_first_error_accuracy"]
+    assert (
+        sweep[1]["uncertainty_driven"]["first_error_accuracy"] > sweep[0]["uncertainty_driven"]["first_error_accuracy"]
+    )
+    # Sequential stopping makes the bisection cheaper than adaptive binary search at any correlation.
+    assert all(row["bisection"]["tokens_vs_adaptive"] < 0.8 for row in sweep)
