@@ -18,15 +18,13 @@ which locate more errors and fewer of them right; see :func:`~prmloop.models.ari
 ``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
 ``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
 
-Measured (SmolLM2-135M-Instruct on transformers, one CPU thread, 12 questions x 4 samples per level,
-temperature 0.7, 160 new tokens; ``python -m prmloop.flows.evals.arith``; not-correct solutions
-whose first error the default checker locates in parentheses):
+Measured (SmolLM2-135M-Instruct on transformers, 12 questions x 4 samples per level, 160 new tokens;
+``python -m prmloop.flows.evals.arith --temperature T``):
 
-- ``step_k`` (EpicPRM's MATH examples): accuracy 10 / 4 / 2 / 2 / 0 % for levels 1-5 (22 of 231
-  located; 133 of 240 solutions state no answer within 160 tokens), about 28 tokens/s;
-- ``step_k_arith`` (the curriculum's examples): 15 / 2 / 6 / 2 / 0 % (63 of 228 located; 25 state
-  no answer). Hand check: 21 of the 22 and 12 of 12 sampled later-step ones of the 63 were the true
-  first error.
+- ``step_k`` (EpicPRM's chat prompt with its MATH examples), T=0.7: accuracy 10 / 4 / 2 / 2 / 0 % for
+  levels 1-5 (133 of 240 solutions state no answer within 160 tokens);
+- ``step_k_arith`` (the curriculum's four examples as plain text, the default here), T=0.7: 21 / 15 /
+  2 / 4 / 0 %; T=0.3: 69 / 33 / 10 / 8 / 0 % (pass@4 92 / 58 / 17 / 17 / 0 %).
 
 No Prefect, no bus, no database: a plain function, so a test can run it on a tiny random model and a
 person can run it from a shell (see :func:`measure_arith_levels`).
