@@ -2,9 +2,9 @@
 
 Reads every solution's newest MC label (``StepsLabeled``) and judge verdict (``StepsJudged``) from the
 store and applies the consensus rule (:func:`~prmloop.consumers.consensus.labels_decision`) at each
-CoT-entropy threshold: the retention rate (the Qwen paper kept about 40 %), the reasons for rejection,
-and, where the question carries a known first error (the simulator, the arithmetic curriculum), how
-often an accepted label is right.
+CoT-entropy threshold: the retention rate (the Qwen paper kept about 40 %) and the reasons for
+rejection. (Whether an accepted label is *right* is measured where the truth is known:
+``prmloop eval annotate --dataset arith`` for the MC side.)
 """
 
 from __future__ import annotations

@@ -174,3 +174,38 @@ def test_a_solution_that_keeps_aborting_is_dead_lettered_on_the_third_try() -> N
     assert len(rejected) == 1 and "given up" in rejected[0][1]
     assert published == [] and completer.calls == 9  # 3 attempts of the first state, 3 batch tries
     assert handler.stats.as_dict()["aborted"] == 3
+
+
+class PrefixRecorder:
+    """A generator whose rollouts record the text they continue (and never reach the answer)."""
+
+    model_name = "recorder"
+    tokenizer = None
+
+    def __init__(self) -> None:
+        self.prefixes: list[str] = []
+
+    def rollouts(self, prefix: str, n: int, params: object = None) -> list[object]:
+        from prmloop.models.backends.base import Completion
+
+        self.prefixes.append(prefix)
+        return [Completion("The final answer is: 0", (1,), (-0.1,), "stop", 3)] * n
+
+
+def test_each_solution_is_continued_in_the_prompt_format_it_was_sampled_with() -> None:
+    from prmloop.models.annotation.completer import GeneratorCompleter
+    from prmloop.models.annotation.estimate import Sampling
+
+    engine = PrefixRecorder()
+    completer = GeneratorCompleter(engine)  # type: ignore[arg-type]
+    strategy = AdaptiveBinarySearch(sampling=Sampling.fixed(1))
+    handler = Annotator(strategy, [completer], [SIM], lambda _: None)
+    [solution] = simulate_solutions(1, seed=2)
+    for i, fmt in enumerate(("step_k_arith", "step_k")):
+        event = _sampled(solution, i)
+        event = event.model_copy(update={"payload": event.payload.model_copy(update={"prompt_format": fmt})})
+        handler([_consumed(event, i)])
+    arith, epic = engine.prefixes
+    assert arith.startswith("Question: Ella has 5 cards.") and "Instruction:" not in arith
+    assert "Instruction:" in epic and not epic.startswith("Question:")
+    assert completer.style == "step_k"  # the shared completer is untouched
