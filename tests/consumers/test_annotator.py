@@ -197,7 +197,7 @@ def test_each_solution_is_continued_in_the_prompt_format_it_was_sampled_with() -
     from prmloop.models.annotation.estimate import Sampling
 
     engine = PrefixRecorder()
-    completer = GeneratorCompleter(engine)  # type: ignore[arg-type]
+    completer = GeneratorCompleter(engine)
     strategy = AdaptiveBinarySearch(sampling=Sampling.fixed(1))
     handler = Annotator(strategy, [completer], [SIM], lambda _: None)
     [solution] = simulate_solutions(1, seed=2)
