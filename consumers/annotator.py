@@ -89,7 +89,11 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     weighting: str | None = Field(
         default=None, description="MC weighting: count, inv_ppl (1/PPL, default) or log_ppl (printed Eq. 2)"
     )
-    in_flight: int = Field(default=1, ge=1, description="solutions annotated at once (engines that batch requests)")
+    in_flight: int = Field(
+        default=1,
+        ge=1,
+        description="solutions annotated at once (a server engine batches them; transformers gets them as one batch)",
+    )
     group: str = Field(
         default="prmloop-annotator", description="consumer group; processes in one group share partitions"
     )
@@ -146,13 +150,20 @@ def build_annotator(
     from prmloop.models.backends.registry import build_backend
 
     engine = build_backend(settings.backend_config())
+    local = settings.backend == "transformers"
+    if local and settings.in_flight > 1:
+        # The in-flight solutions' probes go to the local engine together, as one batch per call.
+        from prmloop.models.backends.coalesce import CoalescingGenerator
+
+        engine = CoalescingGenerator(engine, expected=settings.in_flight)
+        local = False  # the coalescer serialises engine calls itself
     sampling = SamplingParams(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
     generator_completer = GeneratorCompleter(
         engine,
         style=settings.prompt_format,
         params=sampling,
         seed=settings.seed,
-        lock=settings.backend == "transformers",
+        lock=local,
     )
     return (
         strategy,

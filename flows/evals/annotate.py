@@ -69,7 +69,7 @@ class EvalAnnotateSettings(AnnotatorSettings):
 
 
 #: Service options that mean nothing for a one-off evaluation (no topic, no group, no simulator).
-SERVICE_ONLY = ("completer", "group", "topic", "until_idle", "max_solutions", "in_flight", "sim_latency")
+SERVICE_ONLY = ("completer", "group", "topic", "until_idle", "max_solutions", "sim_latency")
 SERVICE_ONLY_ALL = (*SERVICE_ONLY, "sim_n", "sim_seed", "correlation")
 
 

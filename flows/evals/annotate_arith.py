@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prmloop.consumers.annotator import AnnotatorSettings, build_annotator
@@ -149,9 +150,15 @@ def evaluate_arith(
         strategy = settings.model_copy(update={"strategy": name, "weighting": weighting}).make_strategy()
         rows: list[dict[str, Any]] = []
         tick = time.perf_counter()
-        for i, row in enumerate(chosen):
+
+        def label_one(i: int, row: dict[str, Any], strategy: Any = strategy) -> Any:
             solution = SolutionToLabel(row["problem"], tuple(row["steps"]), row["gold_answer"], False, deltas.get(i))
-            result_i = annotate(solution, strategy, [completer], checker=checker)
+            return annotate(solution, strategy, [completer], checker=checker)
+
+        # --in-flight N: N solutions searched at once; their probes reach the engine as one batch.
+        with ThreadPoolExecutor(max_workers=settings.in_flight) as pool:
+            results = pool.map(label_one, range(len(chosen)), chosen)
+        for row, result_i in zip(chosen, results, strict=True):
             out = {
                 "strategy": label,
                 "question_id": row["question_id"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -199,3 +199,49 @@ def test_bench_generate_compares_wrapper_and_raw_on_the_same_prompts(tiny_backen
         result["wrapper_tokens_per_s"] / result["raw_tokens_per_s"], rel=1e-2
     )
     assert result["batched_rollout_speedup"] > 0
+
+
+def test_concurrent_rollouts_are_coalesced_into_one_engine_call(tiny_backend: TransformersBackend) -> None:
+    import threading
+
+    from prmloop.models.backends.coalesce import CoalescingGenerator
+
+    calls: list[int] = []
+    real = tiny_backend.generate
+
+    def counting(prompts: Sequence[str], params: SamplingParams | None = None) -> list[list[Completion]]:
+        calls.append(len(prompts))
+        return real(prompts, params)
+
+    tiny_backend.generate = counting  # type: ignore[method-assign]
+    try:
+        engine = CoalescingGenerator(tiny_backend, expected=3, window_s=5.0)
+        params = SamplingParams(n=2, max_new_tokens=4, temperature=1.0, seed=1)
+        out: dict[int, list[Completion]] = {}
+
+        def ask(i: int) -> None:
+            out[i] = engine.rollouts(f"prefix number {i}:", 2, params)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        # Three requests, one engine call over three prompts, two completions each, to the right caller.
+        assert calls == [3] and engine.calls == 1 and engine.batched_requests == 3
+        assert sorted(out) == [0, 1, 2] and all(len(c) == 2 for c in out.values())
+        # Different n cannot share a call: two groups.
+        engine.expected = 2
+        other = SamplingParams(n=1, max_new_tokens=4, temperature=1.0, seed=1)
+        pair = [
+            threading.Thread(target=engine.rollouts, args=("a", 2, params)),
+            threading.Thread(target=engine.rollouts, args=("b", 1, other)),
+        ]
+        for thread in pair:
+            thread.start()
+        for thread in pair:
+            thread.join(timeout=60)
+        assert calls[1:] == [1, 1]
+        assert engine.model_name == tiny_backend.model_name and engine.tokenizer is tiny_backend.tokenizer
+    finally:
+        del tiny_backend.generate
