@@ -116,3 +116,13 @@ def test_the_command_reports_one_json_line_and_refuses_a_bad_strategy(world: Scr
     assert len(json.loads((tmp_path / "r.json").read_text())["per_solution"]) == 2
     bad = runner.invoke(app, [*args, "--strategies", "bisect"])
     assert bad.exit_code == 2 and "bisect" in bad.output
+
+
+def test_solutions_searched_in_flight_get_the_same_labels(world: ScriptedWorld) -> None:
+    serial = AnnotatorSettings(backend="scripted", rollouts=4, n0=4, n_min=1, n_max=8)
+    one = evaluate_arith(serial, levels=[3], limit=4, k=2, strategies="binary")
+    four = evaluate_arith(serial.model_copy(update={"in_flight": 4}), levels=[3], limit=4, k=2, strategies="binary")
+    key = [("question_id", "sample", "predicted_first_error", "rollouts")]
+    assert [tuple(r[k] for k in key[0]) for r in one["per_solution"]] == [
+        tuple(r[k] for k in key[0]) for r in four["per_solution"]
+    ]
