@@ -18,10 +18,12 @@ fails first, so its accuracy follows the uncertainty-error correlation. This sea
    time. A rollout estimate is evidence, not truth: the answer is taken to be wrong with probability
    ``flip``, so ``bad`` multiplies ``π(e <= m)`` by ``1 - flip`` and ``π(e > m)`` by ``flip``.
 4. **Stop** when one position holds ``confidence`` of the mass, or after ``max_probes`` probes, or
-   when the best split was already probed and every other split is worse than ``min_split``; the
-   answer is the posterior's mode.
+   when the best split was already probed and no other split puts at least ``min_split`` of the mass
+   on its smaller side; the answer is the posterior's mode. (On short solutions the probes run out
+   first: after a good state and the bad one after it, no split is left.)
 
-A returning probe adds rollouts to the state's earlier ones (:meth:`MCEstimator.decide` reuses them).
+Rollouts are never wasted: ``MC(s_0)`` and every settled state stay in the estimator, and a state the
+search already decided is not probed again (its verdict would count the same rollouts twice).
 """
 
 from __future__ import annotations
@@ -159,8 +161,8 @@ class ProbabilisticBisection:
                 break
             m, _mass = choice
             if m in probed:
-                # The best split was probed already: its rollouts are reused and extended only while
-                # they have not settled; otherwise take the best split not yet probed, if it still splits.
+                # The best split was probed already and its verdict is settled (asking again would count
+                # the same rollouts twice): take the best split not yet probed, if it still splits.
                 other = split_point(posterior, exclude=set(probed))
                 if other is None or min(other[1], 1.0 - other[1]) < self.min_split:
                     break
