@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
@@ -14,9 +15,31 @@ from prmloop.models.annotation.bisection import (
     split_point,
     update_posterior,
 )
+from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.estimate import MCEstimator, SequentialStopping
-from prmloop.models.annotation.strategies import StateTest, annotate, make_strategy
-from tests.models.test_annotation import GOLD, ScriptedCompleter, _solution
+from prmloop.models.annotation.strategies import SolutionToLabel, StateTest, annotate, make_strategy
+
+GOLD = "42"
+
+
+class ScriptedCompleter:
+    """From the state through ``m`` steps, the first ``floor(p[m] * n)`` rollouts of every call are correct."""
+
+    name = "scripted"
+
+    def __init__(self, success: Sequence[float]) -> None:
+        self.success = success
+        self.calls: list[tuple[int, int]] = []
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        self.calls.append((len(steps), n))
+        k = math.floor(self.success[len(steps)] * n + 1e-9)
+        return [Rollout(GOLD if j < k else "0", 5, -2.5) for j in range(n)]
+
+
+def _solution(n_steps: int, deltas: Sequence[float] | None = None) -> SolutionToLabel:
+    steps = tuple(f"step {t}" for t in range(n_steps))
+    return SolutionToLabel("q", steps, GOLD, False, None if deltas is None else tuple(deltas))
 
 
 def test_the_prior_mixes_a_softmax_of_the_deltas_with_a_uniform_floor() -> None:
