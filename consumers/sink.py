@@ -1,4 +1,4 @@
-"""The store sink: the only process that writes DuckDB.
+"""The store sink: the only process that writes the store (on a DuckLake: the sinks, any number).
 
 It reads every event topic, and for each batch runs one transaction that inserts the events
 (``INSERT OR IGNORE`` by ``event_id``, from an Arrow table), records conflicting duplicates (same
@@ -6,7 +6,8 @@ It reads every event topic, and for each batch runs one transaction that inserts
 committed to Kafka only after that transaction. Records that can never be stored (undecodable,
 above the limits, an event on another type's topic) go to ``<topic>.dlq`` through the runtime.
 Killed at any point, it loses nothing and duplicates nothing: a batch is either stored with its
-offsets or redelivered and ignored.
+offsets or redelivered and ignored. On a DuckLake (``PRMLOOP_STORE=ducklake:...``) the sinks join one
+consumer group and split the partitions; see store/lake.py for how event ids stay unique there.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
-from prmloop.store.duck import EVENT_SCHEMA, EventStore, WriteResult
+from prmloop.store.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
+from prmloop.store.lake import LakeEventStore, LakeStore
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import EVENT_TOPICS
 
@@ -63,7 +64,9 @@ def events_to_arrow(batch: Sequence[ConsumedEvent]) -> pa.Table:
 class Sink:
     """The batch handler: one DuckDB transaction per batch."""
 
-    def __init__(self, store: EventStore, on_write: Callable[[WriteResult], None] | None = None) -> None:
+    def __init__(
+        self, store: EventStore | LakeEventStore, on_write: Callable[[WriteResult], None] | None = None
+    ) -> None:
         self.store = store
         self.stats = SinkStats()
         self.on_write = on_write
@@ -87,7 +90,7 @@ class Sink:
 def run_sink(
     *,
     bootstrap_servers: str,
-    db_path: Path,
+    db_path: StoreLocation,
     topics: Sequence[str] = EVENT_TOPICS,
     group_id: str = SINK_GROUP,
     kafka: KafkaSettings | None = None,
@@ -97,8 +100,13 @@ def run_sink(
     on_write: Callable[[WriteResult], None] | None = None,
     install_signal_handlers: bool = True,
 ) -> tuple[RuntimeStats, SinkStats]:
-    """Run the sink until SIGTERM/SIGINT (or ``until()``); returns its statistics."""
-    store = EventStore(db_path)
+    """Run the sink until SIGTERM/SIGINT (or ``until()``); returns its statistics.
+
+    On a DuckDB file the sink is the single writer and reads every partition; on a DuckLake it joins
+    the consumer group ``group_id``, so several sinks share the partitions and write at once.
+    """
+    lake = isinstance(locate(db_path), LakeStore)
+    store = open_writer(db_path)
     sink = Sink(store, on_write=on_write)
     runtime = ConsumerRuntime(
         topics=topics,
@@ -106,13 +114,16 @@ def run_sink(
         bootstrap_servers=bootstrap_servers,
         handler=sink,
         kafka=kafka,
-        assign_all=True,
+        assign_all=not lake,
         max_batch=max_batch,
         max_wait_s=max_wait_s,
         name="sink",
     )
     t0 = time.monotonic()
-    stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
+    try:
+        stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
+    finally:
+        store.close()
     log.info(
         "sink stopped after %.1fs: %d inserted of %d, %d conflicts, %d dead-lettered",
         time.monotonic() - t0,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -76,7 +75,7 @@ def summary_markdown(metrics: dict[str, Any]) -> str:
 
 @task(name="loop-metrics")
 def metrics_task(db: str) -> dict[str, Any]:
-    return loop_metrics(Path(db))
+    return loop_metrics(db)
 
 
 @task(name="publish-artifacts")

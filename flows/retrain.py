@@ -42,7 +42,7 @@ def examples_of(snapshot: Path, split: str = "train") -> list[PRMExample]:
 
 @task(name="snapshot", cache_policy=NO_CACHE)
 def snapshot_task(db: str, kind: str, root: str, ratios: tuple[float, float, float]) -> dict[str, Any]:
-    rows = select_labels(Path(db), kind="accepted" if kind == "accepted" else "mc")
+    rows = select_labels(db, kind="accepted" if kind == "accepted" else "mc")
     return write_snapshot(rows, Path(root), selection={"db": db, "kind": kind}, ratios=ratios)
 
 
@@ -103,7 +103,7 @@ def _pipeline(
         "processbench_math_f1": evaluation["math"]["f1"] or 0.0,
         "threshold": evaluation["threshold"],
     }
-    current = current_model(Path(db)) if Path(db).exists() else None
+    current = current_model(db)
     promote, decision = should_promote(metrics, current, "processbench_gsm8k_f1")
     logger.info(
         "trained %s: ProcessBench F1 gsm8k %.3f, math %.3f; %s",

@@ -17,10 +17,34 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import duckdb
 import pyarrow as pa
+
+from prmloop.store.lake import LakeEventStore, LakeStore, is_lake_spec, open_lake, parse_lake
+
+#: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/lake.py).
+StoreLocation: TypeAlias = Path | str | LakeStore
+
+
+def store_exists(location: StoreLocation) -> bool:
+    """A DuckDB file exists, or a DuckLake is named (whether its tables exist, its readers say)."""
+    where = locate(location)
+    return isinstance(where, LakeStore) or where.exists()
+
+
+def locate(location: StoreLocation) -> Path | LakeStore:
+    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data under
+    ``$PRMLOOP_HOME/lake/data`` unless the spec says ``#data=<dir>``)."""
+    if isinstance(location, LakeStore):
+        return location
+    if is_lake_spec(str(location)):
+        from prmloop.store.settings import StateSettings
+
+        return parse_lake(str(location), default_data_path=StateSettings().home / "lake" / "data")
+    return Path(location)
+
 
 SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -123,7 +147,7 @@ class WriteResult:
     conflicts: int = 0
 
 
-def _content_sql(alias: str) -> str:
+def content_sql(alias: str) -> str:
     """What makes two records "the same event": every envelope field and the payload (as JSON text
     normalised by DuckDB). Equal content under one event_id is a harmless redelivery."""
     a = alias
@@ -156,12 +180,21 @@ FROM staged WHERE rn = 1
 _CONFLICTS_SQL = f"""
 INSERT OR IGNORE INTO conflicts
 SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
-       sha256({_content_sql("s")}), sha256({_content_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
+       sha256({content_sql("s")}), sha256({content_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
 FROM staged s JOIN events e ON e.event_id = s.event_id
-WHERE {_content_sql("s")} <> {_content_sql("e")}
-QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({_content_sql("s")})
+WHERE {content_sql("s")} <> {content_sql("e")}
+QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({content_sql("s")})
                            ORDER BY s.topic, s.kafka_partition, s.kafka_offset) = 1
 """
+
+
+def open_writer(location: StoreLocation) -> EventStore | LakeEventStore:
+    """The sink's writer for ``location``: the single-writer DuckDB file, or a DuckLake writer (any
+    number of them may write at once)."""
+    where = locate(location)
+    if isinstance(where, LakeStore):
+        return LakeEventStore(where, projection_sql())
+    return EventStore(where)
 
 
 class EventStore:
@@ -230,6 +263,13 @@ class EventStore:
                 con.unregister("incoming_offsets")
         return WriteResult(rows.num_rows, inserted, waited, time.monotonic() - t0 - waited, conflicts)
 
+    @property
+    def location(self) -> Path:
+        return self.path
+
+    def close(self) -> None:
+        """Nothing held between batches (the file is opened per batch)."""
+
 
 def _count(con: duckdb.DuckDBPyConnection, table: str = "events") -> int:
     row = con.execute(f"SELECT count(*) FROM {table}").fetchone()
@@ -265,9 +305,17 @@ READER_CONFIG: dict[str, Any] = {
 
 
 @contextmanager
-def open_reader(path: Path, *, timeout_s: float = 30.0) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
-    """A read-only connection, retried while the sink holds the file. Yields (connection, waited_s)."""
-    path = Path(path)
+def open_reader(
+    location: StoreLocation, *, timeout_s: float = 30.0
+) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
+    """A read-only connection, retried while the sink holds the file. Yields (connection, waited_s).
+
+    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up."""
+    path = locate(location)
+    if isinstance(path, LakeStore):
+        with open_lake(path, read_only=True) as lake_con:
+            yield lake_con, 0.0
+        return
     if not path.exists():
         raise FileNotFoundError(
             f"no prmloop database at {path}: start `prmloop sink` (it creates it), or set PRMLOOP_HOME"
@@ -354,7 +402,9 @@ class QueryResult:
     waited_s: float
 
 
-def query(path: Path, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0) -> QueryResult:
+def query(
+    path: StoreLocation, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0
+) -> QueryResult:
     """Run read-only ``sql`` against the store; the last statement's result is returned."""
     statements = check_read_only(sql)
     with open_reader(path, timeout_s=timeout_s) as (con, waited):
@@ -374,16 +424,21 @@ def query(path: Path, sql: str, params: Sequence[Any] | None = None, *, timeout_
     return QueryResult(columns, rows, waited)
 
 
-def store_health(db_path: Path, *, timeout_s: float = 30.0) -> dict[str, Any]:
+def store_health(db_path: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Counts for ``prmloop status``: events (in all and per topic and type), conflicting duplicates,
     and when the sink last stored one. Read-only; retried while the sink holds the file."""
-    with open_reader(Path(db_path), timeout_s=timeout_s) as (con, _):
+    with open_reader(db_path, timeout_s=timeout_s) as (con, _):
 
         def scalar(sql: str) -> int:
             row = con.execute(sql).fetchone()
             return int(row[0]) if row and row[0] is not None else 0
 
-        tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        tables = {
+            r[0]
+            for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+            ).fetchall()
+        }
         per_topic = dict(
             con.execute("SELECT coalesce(topic, '?'), count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall()
         )

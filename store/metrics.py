@@ -4,10 +4,9 @@ publishes as Prefect artifacts. Read-only over the projections, so it works whil
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from prmloop.store.duck import open_reader
+from prmloop.store.duck import StoreLocation, open_reader
 
 __all__ = ["loop_metrics"]
 
@@ -34,11 +33,11 @@ def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(con.execute(sql).fetchall())
 
 
-def loop_metrics(db: Path, *, timeout_s: float = 30.0) -> dict[str, Any]:
+def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
     tokens per accepted label (annotation plus judging, sampling excluded), the current PRM and the
     latest calibration."""
-    with open_reader(Path(db), timeout_s=timeout_s) as (con, _):
+    with open_reader(db, timeout_s=timeout_s) as (con, _):
         per_hour = [
             {"hour": str(h), "solutions": s, "labels": lab, "judged": j, "accepted": a, "rejected": r, "events": e}
             for h, s, lab, j, a, r, e in _rows(con, _PER_HOUR)

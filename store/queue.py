@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from prmloop.store.duck import query
+from prmloop.store.duck import StoreLocation, query, store_exists
 
 __all__ = ["QueuedQuestion", "queued_questions"]
 
@@ -39,15 +38,15 @@ class QueuedQuestion:
     round: int
 
 
-def queued_questions(db: Path, limit: int, *, timeout_s: float = 30.0) -> list[QueuedQuestion]:
+def queued_questions(db: StoreLocation, limit: int, *, timeout_s: float = 30.0) -> list[QueuedQuestion]:
     """The ``limit`` highest-priority questions not sampled since they were prioritized, highest first.
 
     Raises:
         FileNotFoundError: the store does not exist yet (nothing was prioritized).
     """
-    if not Path(db).exists():
+    if not store_exists(db):
         raise FileNotFoundError(f"store {db} does not exist: run `prmloop prioritize` (and the sink) first")
-    rows = query(Path(db), _QUEUE_SQL, [int(limit)], timeout_s=timeout_s).rows
+    rows = query(db, _QUEUE_SQL, [int(limit)], timeout_s=timeout_s).rows
     queued = []
     for qid, dataset, problem, gold, metadata, prio, rnd in rows:
         meta = json.loads(metadata) if isinstance(metadata, str) else (metadata or {})

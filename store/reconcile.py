@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from prmloop.store.codec import UndeliverableEvent, encode_event
-from prmloop.store.duck import open_reader
+from prmloop.store.duck import StoreLocation, open_reader, store_exists
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import scan_segment, segments
@@ -26,9 +26,9 @@ from prmloop.store.settings import KafkaSettings
 REPORT_EXAMPLES = 20
 
 
-def stored_event_ids(db_path: Path, candidates: list[uuid.UUID]) -> set[uuid.UUID]:
+def stored_event_ids(db_path: StoreLocation, candidates: list[uuid.UUID]) -> set[uuid.UUID]:
     """Which of ``candidates`` are already in the store."""
-    if not candidates or not db_path.exists():
+    if not candidates or not store_exists(db_path):
         return set()
     ids = pa.table({"event_id": pa.array([str(c) for c in candidates], pa.string())})
     with open_reader(db_path) as (con, _):
@@ -60,7 +60,7 @@ def _still_written(segment: Path) -> bool:
 
 
 def reconcile(
-    bootstrap_servers: str, db_path: Path, outbox_dir: Path, *, kafka: KafkaSettings | None = None
+    bootstrap_servers: str, db_path: StoreLocation, outbox_dir: Path, *, kafka: KafkaSettings | None = None
 ) -> dict[str, Any]:
     """Re-publish outbox events missing from ``db_path``; returns counts of what it did.
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from prmloop.store.duck import query
+from prmloop.store.duck import StoreLocation, query, store_exists
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 
 __all__ = ["artifact_digest", "current_model", "model_registered", "should_promote"]
@@ -27,12 +27,12 @@ def artifact_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def current_model(db: Path, kind: str = "prm") -> dict[str, Any] | None:
+def current_model(db: StoreLocation, kind: str = "prm") -> dict[str, Any] | None:
     """The newest promoted model of ``kind`` in the store (``None``: none yet, or no store)."""
-    if not Path(db).exists():
+    if not store_exists(db):
         return None
     rows = query(
-        Path(db),
+        db,
         "SELECT payload FROM events WHERE event_type = 'ModelRegistered' AND payload->>'kind' = ? "
         "AND coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) "
         "ORDER BY occurred_at DESC LIMIT 1",

@@ -60,10 +60,19 @@ class StateSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PRMLOOP_", frozen=True, extra="ignore")
 
     home: Path = Field(default=Path.home() / ".prmloop", description="PRMLOOP_HOME")
+    #: ``PRMLOOP_STORE``: unset (the DuckDB file in home), a DuckDB file's path, or a DuckLake:
+    #: ``ducklake:pgserver:<dir>`` (a local PostgreSQL catalog) or ``ducklake:postgres:<conninfo>``,
+    #: optionally followed by ``#data=<dir>`` (default ``$PRMLOOP_HOME/lake/data``).
+    store: str | None = Field(default=None, description="PRMLOOP_STORE")
 
     @property
     def db_path(self) -> Path:
         return self.home / "prmloop.duckdb"
+
+    @property
+    def store_location(self) -> Path | str:
+        """What every reader and the sink open: ``PRMLOOP_STORE`` if set, else the DuckDB file."""
+        return self.store if self.store else self.db_path
 
     @property
     def outbox_dir(self) -> Path:

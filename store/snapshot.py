@@ -111,7 +111,7 @@ def select_labels(
             "mc.first_error_step, mc.method, CAST(mc.event_id AS VARCHAR), mc.occurred_at, mc.method, sol.generator "
             "FROM mc JOIN sol USING (solution_id)"
         )
-    rows = query(Path(db), sql + " ORDER BY 10 DESC, 2").rows
+    rows = query(db, sql + " ORDER BY 10 DESC, 2").rows
     seen: set[tuple[str, tuple[str, ...]]] = set()
     out = []
     for qid, sid, problem, steps, labels, soft, first, source, event_id, at, mc_method, gen in rows:

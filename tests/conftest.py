@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from prmloop.models.backends.registry import BackendConfig
     from prmloop.models.backends.transformers_backend import TransformersBackend
+    from prmloop.store.lake import LakeStore
 
 TINY_BACKEND = "tiny-random"
 
@@ -60,6 +61,34 @@ def kafka_bootstrap() -> Iterator[str]:
     with EmbeddedBroker() as broker:
         ensure_topics(broker.bootstrap_servers)
         yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def postgres_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL (the ``pgserver`` package's binaries) for DuckLake catalogs; yields the
+    directory its socket is in. Stopped at the end of the session."""
+    import pgserver
+
+    directory = tmp_path_factory.mktemp("pg") / "data"
+    server = pgserver.get_server(directory, cleanup_mode="stop")
+    try:
+        yield str(directory)
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def lake_store(postgres_catalog: str, tmp_path: Path) -> LakeStore:
+    """A fresh, empty DuckLake: its own PostgreSQL database as catalog, Parquet under ``tmp_path``."""
+    import uuid
+
+    import pgserver
+
+    from prmloop.store.lake import LakeStore
+
+    name = f"lake_{uuid.uuid4().hex[:12]}"
+    pgserver.get_server(postgres_catalog, cleanup_mode="stop").psql(f"CREATE DATABASE {name};")
+    return LakeStore(f"postgres:dbname={name} user=postgres host={postgres_catalog}", tmp_path / "lake-data")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
 from prmloop.store.codec import PublishError
 from prmloop.store.duck import ReadOnlyViolation, StoreLocked
+from prmloop.store.lake import LakeError
 
 __all__ = ["app", "main"]
 
@@ -35,6 +36,7 @@ def main() -> None:
         PublishError,
         ReadOnlyViolation,
         StoreLocked,
+        LakeError,
         FileNotFoundError,
         ValueError,
         TimeoutError,

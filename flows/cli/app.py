@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 
 from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
+from prmloop.store.duck import locate
+from prmloop.store.lake import LakeStore
 from prmloop.store.settings import StateSettings
 
 __all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
@@ -31,11 +33,18 @@ app.add_typer(eval_app, name="eval")
 
 err = Console(stderr=True)
 
-DbOption = Annotated[Path | None, typer.Option("--db", help="DuckDB file (default: $PRMLOOP_HOME/prmloop.duckdb)")]
+DbOption = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="the store: a DuckDB file or ducklake:... (default: $PRMLOOP_STORE, else $PRMLOOP_HOME/prmloop.duckdb)",
+    ),
+]
 
 
-def db_path(db: Path | None) -> Path:
-    return db or StateSettings().db_path
+def db_path(db: str | Path | None) -> Path | LakeStore:
+    """The store a command reads or writes: ``--db``, else ``PRMLOOP_STORE``, else the DuckDB file."""
+    return locate(db if db else StateSettings().store_location)
 
 
 def _setup_logging(verbose: bool) -> None:

@@ -133,3 +133,40 @@ def status(
     report.update(store_health(path, timeout_s=timeout))
     report.update(loop_metrics(path, timeout_s=timeout))
     typer.echo(json.dumps(report, default=str))
+
+
+@app.command()
+def export(
+    views: Annotated[list[str], typer.Argument(help="tables or views to export (e.g. current_labels steps)")],
+    out: Annotated[str, typer.Option("--out", "-o", help="folder for <view>.parquet files")] = "export",
+    db: DbOption = None,
+) -> None:
+    """Write tables or views of the store as Parquet files (streamed; a file appears only when whole).
+    Prints one JSON line per file."""
+    from pathlib import Path
+
+    from prmloop.store.export import export_views
+
+    def progress(p: dict[str, object]) -> None:
+        err.print(f"export: {p['view']}: {p['rows']} rows", highlight=False)
+
+    for row in export_views(db_path(db), views, Path(out), progress=progress):
+        typer.echo(json.dumps(row))
+
+
+@app.command()
+def compact(
+    db: DbOption = None,
+    keep_days: Annotated[float, typer.Option(help="keep snapshots (time travel) this many days")] = 7.0,
+    no_prefect: Annotated[bool, typer.Option("--no-prefect", help="run without a Prefect flow run")] = False,
+) -> None:
+    """Compact a DuckLake store: merge small Parquet files, drop doubled event ids, expire old
+    snapshots, delete unneeded files. Safe while sinks write. Prints one JSON line."""
+    from prmloop.flows.maintenance import compact as compact_flow
+    from prmloop.flows.maintenance import compact_store
+    from prmloop.store.lake import LakeStore
+
+    where = db_path(db)
+    store = where.spec if isinstance(where, LakeStore) else str(where)
+    report = compact_store(store, keep_days) if no_prefect else compact_flow(store, keep_days)
+    typer.echo(json.dumps(report, default=str))

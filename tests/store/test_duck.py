@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,7 +14,15 @@ import pytest
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, QueryError, ReadOnlyViolation, StoreLocked, check_read_only, query
+from prmloop.store.duck import (
+    EventStore,
+    QueryError,
+    ReadOnlyViolation,
+    StoreLocked,
+    check_read_only,
+    open_writer,
+    query,
+)
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
@@ -24,6 +33,7 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
+from prmloop.store.lake import LakeEventStore
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -32,34 +42,47 @@ def consumed(events: list[Envelope], topic: str = "t", partition: int = 0) -> li
     return [ConsumedEvent(e, topic, partition, i, 0) for i, e in enumerate(events)]
 
 
-def write(store: EventStore, events: list[Envelope]) -> int:
+def write(store: EventStore | LakeEventStore, events: list[Envelope]) -> int:
     return store.write_batch(events_to_arrow(consumed(events)), [("t", 0, len(events))]).inserted
 
 
+@pytest.fixture(params=["duckdb", "ducklake"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore | LakeEventStore]:
+    """The same tests on both stores: the DuckDB file and a DuckLake with a PostgreSQL catalog."""
+    if request.param == "duckdb":
+        yield EventStore(tmp_path / "prmloop.duckdb")
+        return
+    writer = open_writer(request.getfixturevalue("lake_store"))
+    assert isinstance(writer, LakeEventStore)
+    yield writer
+    writer.close()
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> EventStore:
+def duck_store(tmp_path: Path) -> EventStore:
+    """The DuckDB file only: its single-writer lock is what these tests are about."""
     return EventStore(tmp_path / "prmloop.duckdb")
 
 
-def test_a_batch_written_twice_is_stored_once(store: EventStore) -> None:
+def test_a_batch_written_twice_is_stored_once(store: EventStore | LakeEventStore) -> None:
     events = synthetic_events(200, k=2)
     assert write(store, events) == 200
     assert write(store, events) == 0
     assert write(store, events[:50] + events[:50]) == 0
-    rows = query(store.path, "SELECT count(*), count(DISTINCT event_id) FROM events").rows
+    rows = query(store.location, "SELECT count(*), count(DISTINCT event_id) FROM events").rows
     assert rows == [(200, 200)]
 
 
-def test_duplicates_inside_one_batch_are_stored_once(store: EventStore) -> None:
+def test_duplicates_inside_one_batch_are_stored_once(store: EventStore | LakeEventStore) -> None:
     events = synthetic_events(10, k=1)
     assert write(store, events + events) == 10
 
 
-def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore) -> None:
+def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore | LakeEventStore) -> None:
     events = synthetic_events(5, k=1)
     store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 42)])
     store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 47)])
-    rows = query(store.path, "SELECT topic, kafka_partition, next_offset FROM sink_offsets").rows
+    rows = query(store.location, "SELECT topic, kafka_partition, next_offset FROM sink_offsets").rows
     assert rows == [("solutions.sampled", 2, 47)]
 
 
@@ -84,30 +107,30 @@ def _labeled(sid: str, labels: tuple[bool, ...], method: str, minutes: int) -> E
     return make_event(payload, producer="t", occurred_at=T0 + timedelta(minutes=minutes))
 
 
-def test_steps_view_unnests_solution_steps_in_order(store: EventStore) -> None:
+def test_steps_view_unnests_solution_steps_in_order(store: EventStore | LakeEventStore) -> None:
     write(store, [_solution("s1", 3)])
-    rows = query(store.path, "SELECT step_index, text FROM steps WHERE solution_id = 's1' ORDER BY step_index").rows
+    rows = query(store.location, "SELECT step_index, text FROM steps WHERE solution_id = 's1' ORDER BY step_index").rows
     assert rows == [(0, "Step 1"), (1, "Step 2"), (2, "Step 3")]
 
 
-def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store: EventStore) -> None:
+def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store: EventStore | LakeEventStore) -> None:
     newer = _labeled("s1", (True, True, False), "adaptive_binary", minutes=10)
     older = _labeled("s1", (True, False, False), "sequential", minutes=1)
     write(store, [_solution("s1"), newer])
     write(store, [older])  # arrives last, happened first
     current = query(
-        store.path, "SELECT step_index, label, method, n_versions FROM current_labels ORDER BY step_index"
+        store.location, "SELECT step_index, label, method, n_versions FROM current_labels ORDER BY step_index"
     ).rows
     assert current == [
         (0, True, "adaptive_binary", 2),
         (1, True, "adaptive_binary", 2),
         (2, False, "adaptive_binary", 2),
     ]
-    history = query(store.path, "SELECT count(*) FROM label_history WHERE solution_id = 's1'").rows
+    history = query(store.location, "SELECT count(*) FROM label_history WHERE solution_id = 's1'").rows
     assert history == [(6,)]
 
 
-def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventStore) -> None:
+def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventStore | LakeEventStore) -> None:
     labeled = _labeled("s1", (True, False), "sequential", minutes=1)
     judged = make_event(
         StepsJudged(
@@ -117,7 +140,7 @@ def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventS
         occurred_at=T0 + timedelta(minutes=5),
     )
     write(store, [labeled, judged])
-    assert query(store.path, "SELECT source FROM current_labels WHERE step_index = 0").rows == [("StepsLabeled",)]
+    assert query(store.location, "SELECT source FROM current_labels WHERE step_index = 0").rows == [("StepsLabeled",)]
     accepted = make_event(
         LabelsAccepted(
             solution_id="s1", question_id="q", labels=(True, True), source_event_ids=(labeled.event_id,), rule="agree"
@@ -126,15 +149,15 @@ def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventS
         occurred_at=T0 + timedelta(minutes=2),
     )
     write(store, [accepted])
-    rows = query(store.path, "SELECT step_index, label, source FROM current_labels ORDER BY step_index").rows
+    rows = query(store.location, "SELECT step_index, label, source FROM current_labels ORDER BY step_index").rows
     assert rows == [(0, True, "LabelsAccepted"), (1, True, "LabelsAccepted")]
 
 
-def test_cost_ledger_sums_what_labels_cost(store: EventStore) -> None:
+def test_cost_ledger_sums_what_labels_cost(store: EventStore | LakeEventStore) -> None:
     write(store, synthetic_events(300, k=4))
-    total = query(store.path, "SELECT sum(rollouts) FROM cost_ledger").rows[0][0]
+    total = query(store.location, "SELECT sum(rollouts) FROM cost_ledger").rows[0][0]
     expected = query(
-        store.path,
+        store.location,
         "SELECT sum(CAST(payload->'cost'->>'rollouts' AS BIGINT)) FROM events WHERE event_type = 'StepsLabeled'",
     ).rows[0][0]
     assert total == expected > 0
@@ -165,19 +188,19 @@ def test_statements_that_write_attach_or_copy_are_refused(sql: str) -> None:
         check_read_only(sql)
 
 
-def test_reading_files_from_a_select_is_blocked(store: EventStore, tmp_path: Path) -> None:
+def test_reading_files_from_a_select_is_blocked(store: EventStore | LakeEventStore, tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
     with pytest.raises(QueryError, match=r"(?i)external access|permission"):
-        query(store.path, f"SELECT * FROM read_csv('{secret}')")
+        query(store.location, f"SELECT * FROM read_csv('{secret}')")
 
 
-def test_readers_wait_while_the_writer_holds_the_file_then_read(store: EventStore) -> None:
+def test_readers_wait_while_the_writer_holds_the_file_then_read(duck_store: EventStore) -> None:
     held = threading.Event()
     release = threading.Event()
 
     def hold() -> None:
-        con = duckdb.connect(str(store.path))
+        con = duckdb.connect(str(duck_store.path))
         held.set()
         release.wait(5)
         con.close()
@@ -186,18 +209,18 @@ def test_readers_wait_while_the_writer_holds_the_file_then_read(store: EventStor
     t.start()
     held.wait(5)
     threading.Timer(0.3, release.set).start()
-    result = query(store.path, "SELECT count(*) FROM events", timeout_s=5)
+    result = query(duck_store.path, "SELECT count(*) FROM events", timeout_s=5)
     t.join()
     assert result.rows == [(0,)]
     assert result.waited_s >= 0.2
 
 
-def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(store: EventStore) -> None:
-    con = duckdb.connect(str(store.path))
+def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store: EventStore) -> None:
+    con = duckdb.connect(str(duck_store.path))
     try:
         started = time.monotonic()
         with pytest.raises(StoreLocked, match="stayed locked"):
-            query(store.path, "SELECT 1", timeout_s=0.3)
+            query(duck_store.path, "SELECT 1", timeout_s=0.3)
         assert time.monotonic() - started < 3
     finally:
         con.close()

@@ -1,0 +1,432 @@
+"""DuckLake: the store for many writers and readers (``PRMLOOP_STORE=ducklake:...``).
+
+A DuckLake catalog keeps the tables' metadata in a database (PostgreSQL in a cluster; a local
+PostgreSQL from the ``pgserver`` package on a laptop and in tests) and their rows as Parquet files
+under a data path. Every process attaches it through DuckDB: several sinks append at once (appends
+never conflict), and readers query a committed snapshot while they write, without waiting.
+
+The same schema as the DuckDB file, adapted to what DuckLake has and lacks:
+
+- No primary keys. ``events_log`` holds every stored record; a sink inserts only event ids that no
+  committed row has (the redeliveries a restart or a rebalance causes) and the view ``events`` keeps
+  one row per ``event_id`` (the first stored), so a record two sinks stored at the same moment is
+  still one event to every reader; compaction removes such doubles for good.
+- Table-level write conflicts (an update anywhere in a table conflicts with any concurrent change
+  to it), so the consumed offsets are appended to ``sink_offsets_log`` and ``sink_offsets`` is the
+  newest per partition.
+- The projections are the same views as on the DuckDB file (``projections.sql``).
+
+The extensions come from Python packages (``duckdb-extension-ducklake``, ``-postgres-scanner``),
+built for the pinned DuckDB version: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from prmloop.store.poison import TransientError
+
+LAKE_PREFIX = "ducklake:"
+ALIAS = "lake"
+
+T = TypeVar("T")
+
+_BASE_CONFIG: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS events_log (
+    event_id UUID NOT NULL,
+    event_type VARCHAR NOT NULL,
+    schema_version INTEGER NOT NULL,
+    occurred_at TIMESTAMPTZ NOT NULL,
+    producer VARCHAR NOT NULL,
+    causation_id UUID,
+    correlation_id VARCHAR NOT NULL,
+    payload JSON NOT NULL,
+    topic VARCHAR,
+    kafka_partition INTEGER,
+    kafka_offset BIGINT,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    writer VARCHAR
+);
+CREATE TABLE IF NOT EXISTS conflicts (
+    event_id UUID NOT NULL,
+    event_type VARCHAR,
+    topic VARCHAR,
+    kafka_partition INTEGER,
+    kafka_offset BIGINT,
+    body VARCHAR NOT NULL,
+    body_sha256 VARCHAR NOT NULL,
+    stored_sha256 VARCHAR NOT NULL,
+    stored_topic VARCHAR,
+    stored_partition INTEGER,
+    stored_offset BIGINT,
+    detected_at TIMESTAMPTZ NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sink_offsets_log (
+    topic VARCHAR NOT NULL,
+    kafka_partition INTEGER NOT NULL,
+    next_offset BIGINT NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    writer VARCHAR
+);
+CREATE OR REPLACE VIEW events AS
+SELECT event_id, event_type, schema_version, occurred_at, producer, causation_id, correlation_id, payload,
+       topic, kafka_partition, kafka_offset, ingested_at
+FROM events_log
+QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY ingested_at, topic, kafka_partition, kafka_offset) = 1;
+CREATE OR REPLACE VIEW sink_offsets AS
+SELECT topic, kafka_partition, max(next_offset) AS next_offset, max(updated_at) AS updated_at
+FROM sink_offsets_log GROUP BY ALL;
+"""
+
+
+class LakeError(TransientError):
+    """The lake cannot be reached or set up: one line naming the catalog and what to do. Transient
+    for the sink (it retries the batch with backoff: a catalog restarting is not a reason to exit)."""
+
+
+@dataclass(frozen=True)
+class LakeStore:
+    """Where a DuckLake lives: ``catalog`` is ``postgres:<libpq conninfo>`` (a PostgreSQL server) or
+    ``pgserver:<directory>`` (a local PostgreSQL that prmloop starts there); ``data_path`` holds the
+    Parquet files."""
+
+    catalog: str
+    data_path: Path
+
+    @property
+    def spec(self) -> str:
+        """The ``ducklake:...#data=...`` text :func:`parse_lake` reads back (passwords included)."""
+        return f"{LAKE_PREFIX}{self.catalog}#data={self.data_path}"
+
+    def __str__(self) -> str:
+        """For logs and messages: the spec with any password masked."""
+        return re.sub(r"(password=)\S+", r"\1***", self.spec)
+
+
+def is_lake_spec(value: object) -> bool:
+    return isinstance(value, str | LakeStore) and str(value).startswith(LAKE_PREFIX)
+
+
+def parse_lake(spec: str, *, default_data_path: Path) -> LakeStore:
+    """``ducklake:postgres:<conninfo>`` or ``ducklake:pgserver:<dir>``, with an optional data path
+    after ``#data=`` (else ``default_data_path``). Clear one-line errors otherwise."""
+    if not spec.startswith(LAKE_PREFIX):
+        raise ValueError(
+            f"not a DuckLake store: {spec!r}; write ducklake:pgserver:<dir> or ducklake:postgres:<conninfo>"
+        )
+    rest = spec[len(LAKE_PREFIX) :]
+    data_path = default_data_path
+    if "#data=" in rest:
+        rest, _, data = rest.partition("#data=")
+        data_path = Path(data).expanduser()
+    kind, _, where = rest.partition(":")
+    if kind not in ("postgres", "pgserver") or not where.strip():
+        raise ValueError(
+            f"PRMLOOP_STORE={spec!r}: the catalog must be postgres:<libpq conninfo> "
+            "(e.g. ducklake:postgres:dbname=prmloop host=db user=prmloop) or pgserver:<directory> "
+            "(a local PostgreSQL, e.g. ducklake:pgserver:~/.prmloop/lake/pg)"
+        )
+    if kind == "pgserver":
+        where = str(Path(where).expanduser().resolve())
+    return LakeStore(f"{kind}:{where}", data_path.resolve())
+
+
+def extension_file(package: str, name: str) -> str:
+    """The extension binary a ``duckdb-extension-*`` package ships for this DuckDB version."""
+    try:
+        module = importlib.import_module(package)
+    except ImportError as exc:
+        raise LakeError(
+            f"the DuckDB extension {name} is not installed: "
+            f"pip install {package.replace('_', '-')}=={duckdb.__version__}"
+        ) from exc
+    folder = Path(module.__file__ or "").parent / "extensions" / f"v{duckdb.__version__}"
+    path = folder / f"{name}.duckdb_extension"
+    if not path.exists():
+        raise LakeError(
+            f"{package} has no {name} extension for DuckDB {duckdb.__version__} (looked in {folder}): "
+            f"install the {package.replace('_', '-')} version equal to duckdb's"
+        )
+    return str(path)
+
+
+_servers: dict[str, Any] = {}
+_servers_lock = threading.Lock()
+
+
+def _pgserver_conninfo(directory: str) -> str:
+    """Start (or join) the local PostgreSQL in ``directory``; it stops when its last user exits."""
+    with _servers_lock:
+        server = _servers.get(directory)
+        if server is None:
+            try:
+                import pgserver
+            except ImportError as exc:
+                raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
+            Path(directory).parent.mkdir(parents=True, exist_ok=True)
+            server = pgserver.get_server(directory, cleanup_mode="stop")
+            _servers[directory] = server
+        uri = server.get_uri()
+    host = re.search(r"host=([^&]+)", uri)
+    return f"dbname=postgres user=postgres host={host.group(1) if host else directory}"
+
+
+def conninfo(store: LakeStore) -> str:
+    kind, _, where = store.catalog.partition(":")
+    return _pgserver_conninfo(where) if kind == "pgserver" else where
+
+
+def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool) -> None:
+    con.execute(f"LOAD '{extension_file('duckdb_extension_postgres_scanner', 'postgres_scanner')}'")
+    con.execute(f"LOAD '{extension_file('duckdb_extension_ducklake', 'ducklake')}'")
+    store.data_path.mkdir(parents=True, exist_ok=True)
+    options = f"DATA_PATH '{_quote(str(store.data_path))}'" + (", READ_ONLY" if read_only else "")
+    target = _quote(f"ducklake:postgres:{conninfo(store)}")
+    try:
+        con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
+    except duckdb.Error as exc:
+        raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
+    con.execute(f"USE {ALIAS}")
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _one_line(exc: BaseException, limit: int = 300) -> str:
+    return " ".join(str(exc).split())[:limit]
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A DuckLake commit lost to a concurrent one (retry the transaction)."""
+    text = str(exc).lower()
+    return "conflict" in text or "failed to commit" in text
+
+
+def retrying(action: Callable[[], T], *, attempts: int = 20, what: str = "the lake transaction") -> T:
+    """Run ``action`` again while it loses a commit race (with a growing, jittered pause)."""
+    delay = 0.01
+    for attempt in range(attempts):
+        try:
+            return action()
+        except duckdb.Error as exc:
+            if not is_conflict(exc) or attempt == attempts - 1:
+                raise
+            time.sleep(delay * (1 + (os.getpid() % 7) / 7))
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def open_lake(store: LakeStore, *, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection with the lake attached and selected. Readers get no file, network or extension
+    access beyond the lake itself, and cannot switch it back on."""
+    con = duckdb.connect(config=dict(_BASE_CONFIG))
+    try:
+        _attach(con, store, read_only=read_only)
+        if read_only:
+            # The lake's Parquet files stay readable; nothing else on the file system or network is.
+            con.execute(f"SET allowed_directories = ['{_quote(str(store.data_path))}/']")
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+        yield con
+    finally:
+        con.close()
+
+
+def ensure_schema(store: LakeStore, projections: str) -> None:
+    """Create the tables and views (once; concurrent first starts retry)."""
+
+    def create() -> None:
+        with open_lake(store, read_only=False) as con:
+            con.execute(SCHEMA_SQL)
+            con.execute(projections)
+
+    retrying(create, what="creating the lake's tables")
+
+
+_STAGE_SQL = """
+CREATE OR REPLACE TEMP TABLE staged AS
+SELECT CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
+       CAST(causation_id AS UUID) AS causation_id, correlation_id,
+       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset, body,
+       row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset) AS rn
+FROM incoming
+"""
+
+# Only event ids no committed row has: a redelivery is a no-op. Two sinks storing the same id at the
+# same moment both succeed; the view ``events`` still shows one (and compaction removes the other).
+_INSERT_SQL = """
+INSERT INTO events_log
+SELECT s.event_id, s.event_type, s.schema_version, s.occurred_at, s.producer, s.causation_id, s.correlation_id,
+       s.payload, s.topic, s.kafka_partition, s.kafka_offset, ?, ?
+FROM staged s
+WHERE s.rn = 1 AND s.event_id NOT IN (SELECT event_id FROM events_log WHERE event_id IN (SELECT event_id FROM staged))
+"""
+
+
+def _conflicts_sql(content: Callable[[str], str]) -> str:
+    return f"""
+INSERT INTO conflicts
+SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
+       sha256({content("s")}) AS body_sha, sha256({content("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
+FROM staged s JOIN events e ON e.event_id = s.event_id
+WHERE {content("s")} <> {content("e")}
+  AND NOT EXISTS (SELECT 1 FROM conflicts c WHERE c.event_id = s.event_id AND c.body_sha256 = sha256({content("s")}))
+QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({content("s")})
+                           ORDER BY s.topic, s.kafka_partition, s.kafka_offset) = 1
+"""
+
+
+@dataclass
+class LakeEventStore:
+    """The writer side on DuckLake; any number of them may write at once."""
+
+    store: LakeStore
+    projections: str
+    writer: str = field(default_factory=lambda: f"{os.uname().nodename}:{os.getpid()}")
+
+    def __post_init__(self) -> None:
+        ensure_schema(self.store, self.projections)
+        self._con: duckdb.DuckDBPyConnection | None = None
+
+    @property
+    def location(self) -> LakeStore:
+        return self.store
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        # One attached connection per sink: attaching costs a catalog round trip per batch otherwise.
+        if self._con is None:
+            con = duckdb.connect(config=dict(_BASE_CONFIG))
+            _attach(con, self.store, read_only=False)
+            self._con = con
+        return self._con
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+    def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
+        from prmloop.store.duck import WriteResult, content_sql
+
+        t0 = time.monotonic()
+        conflicts_sql = _conflicts_sql(content_sql)
+        off = pa.table(
+            {
+                "topic": pa.array([o[0] for o in offsets], pa.string()),
+                "kafka_partition": pa.array([o[1] for o in offsets], pa.int32()),
+                "next_offset": pa.array([o[2] for o in offsets], pa.int64()),
+            }
+        )
+
+        def transaction() -> tuple[int, int]:
+            con = self._connection()
+            now = datetime.now(UTC)
+            con.execute("BEGIN TRANSACTION")
+            try:
+                con.register("incoming", rows)
+                con.register("incoming_offsets", off)
+                con.execute(_STAGE_SQL)
+                inserted_row = con.execute(_INSERT_SQL, [now, self.writer]).fetchone()
+                inserted = int(inserted_row[0]) if inserted_row else 0
+                conflicts = 0
+                if inserted < rows.num_rows:
+                    row = con.execute(conflicts_sql, [now]).fetchone()
+                    conflicts = int(row[0]) if row else 0
+                con.execute(
+                    "INSERT INTO sink_offsets_log "
+                    "SELECT topic, kafka_partition, next_offset, ?, ? FROM incoming_offsets",
+                    [now, self.writer],
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:
+                    self.close()  # the connection is unusable; the next attempt attaches again
+                raise
+            finally:
+                try:
+                    con.execute("DROP TABLE IF EXISTS temp.staged")
+                    con.unregister("incoming")
+                    con.unregister("incoming_offsets")
+                except duckdb.Error:
+                    pass
+            return inserted, conflicts
+
+        inserted, conflicts = retrying(transaction)
+        return WriteResult(rows.num_rows, inserted, 0.0, time.monotonic() - t0, conflicts)
+
+
+# ------------------------------------------------------------------------------------------- maintenance
+
+
+def compact(store: LakeStore, *, keep_snapshots_for: timedelta = timedelta(days=7)) -> dict[str, Any]:
+    """Remove doubled event ids (keeping the row the view shows), flush inlined rows to Parquet, merge
+    small files, expire snapshots older than ``keep_snapshots_for`` and delete files no snapshot needs.
+
+    Safe while sinks write: each step is its own DuckLake transaction, retried when a sink's commit
+    won the race.
+    """
+
+    def step(sql: str) -> list[tuple[Any, ...]]:
+        def run() -> list[tuple[Any, ...]]:
+            with open_lake(store, read_only=False) as con:
+                return con.execute(sql).fetchall()
+
+        return retrying(run)
+
+    def files() -> int:
+        with open_lake(store, read_only=True) as con:
+            row = con.execute(f"SELECT count(*) FROM ducklake_list_files('{ALIAS}', 'events_log')").fetchone()
+            return int(row[0]) if row else 0
+
+    files_before = files()
+    doubles = step(
+        """
+        SELECT count(*) FROM (
+            SELECT row_number() OVER (
+                PARTITION BY event_id ORDER BY ingested_at, topic, kafka_partition, kafka_offset) AS rn
+            FROM events_log) WHERE rn > 1
+        """
+    )[0][0]
+    if doubles:
+        step(
+            """
+            DELETE FROM events_log WHERE rowid IN (
+                SELECT rowid FROM (
+                    SELECT rowid, row_number() OVER (
+                        PARTITION BY event_id ORDER BY ingested_at, topic, kafka_partition, kafka_offset) AS rn
+                    FROM events_log) WHERE rn > 1)
+            """
+        )
+        step(f"CALL ducklake_rewrite_data_files('{ALIAS}', 'events_log')")
+    step(f"CALL ducklake_flush_inlined_data('{ALIAS}')")
+    step(f"CALL ducklake_merge_adjacent_files('{ALIAS}')")
+    cutoff = datetime.now(UTC) - keep_snapshots_for
+    expired = step(f"CALL ducklake_expire_snapshots('{ALIAS}', older_than => TIMESTAMPTZ '{cutoff.isoformat()}')")
+    removed = step(f"CALL ducklake_cleanup_old_files('{ALIAS}', cleanup_all => true)")
+    return {
+        "store": str(store),
+        "doubled_events_removed": int(doubles),
+        "files_before": files_before,
+        "files_after": files(),
+        "snapshots_expired": len(expired),
+        "files_deleted": len(removed),
+    }
