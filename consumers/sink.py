@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
+from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
 from prmloop.store.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
 from prmloop.store.lake import LakeEventStore, LakeStore
 from prmloop.store.settings import KafkaSettings
@@ -76,7 +76,9 @@ class Sink:
         for c in batch:
             key = (c.topic, c.partition)
             next_offsets[key] = max(next_offsets.get(key, 0), c.offset + 1)
-        result = self.store.write_batch(events_to_arrow(batch), [(t, p, o) for (t, p), o in next_offsets.items()])
+        with paused_gc():
+            rows = events_to_arrow(batch)
+        result = self.store.write_batch(rows, [(t, p, o) for (t, p), o in next_offsets.items()])
         self.stats.batches += 1
         self.stats.received += result.received
         self.stats.inserted += result.inserted

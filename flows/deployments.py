@@ -49,12 +49,16 @@ def deployment_plans(*, questions: int = 20, level: int = 1) -> list[DeploymentP
             3600,
             {"settings": SampleSettings(from_queue=True, limit=4, k=4, m=1, n=3, max_new_tokens=256, threads=1)},
         ),
-        DeploymentPlan("monitor", monitor, 3600, {"db": str(StateSettings().db_path)}),
+        DeploymentPlan("monitor", monitor, 3600, {"db": str(StateSettings().store_location)}),
         DeploymentPlan(
             "retrain",
             retrain,
             24 * 3600,
-            {"db": str(StateSettings().db_path), "out_dir": str(StateSettings().home / "prm"), "min_examples": 8},
+            {
+                "db": str(StateSettings().store_location),
+                "out_dir": str(StateSettings().home / "prm"),
+                "min_examples": 8,
+            },
         ),
         DeploymentPlan(
             "calibrate",

@@ -91,8 +91,13 @@ def artifacts_task(metrics: dict[str, Any]) -> None:
 
 
 @flow(name="monitor")
-def monitor(db: str) -> dict[str, Any]:
-    """Read the loop's metrics from the store ``db`` and publish them as artifacts."""
+def monitor(db: str | None = None) -> dict[str, Any]:
+    """Read the loop's metrics from the store ``db`` (default ``PRMLOOP_STORE``, else the DuckDB file
+    in ``PRMLOOP_HOME``) and publish them as artifacts."""
+    if not db:
+        from prmloop.store.settings import StateSettings
+
+        db = str(StateSettings().store_location)
     metrics: dict[str, Any] = metrics_task(db)
     artifacts_task(metrics)
     return metrics

@@ -152,7 +152,7 @@ def _pipeline(
 
 @flow(name="retrain")
 def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
-    db: str,
+    db: str | None = None,
     kind: str = "accepted",
     snapshot: str | None = None,
     out_dir: str = "out/prm",
@@ -163,7 +163,12 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
     ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
     bootstrap_servers: str | None = None,
 ) -> dict[str, Any]:
-    """Snapshot, train, evaluate and register a PRM (see the module docstring)."""
+    """Snapshot, train, evaluate and register a PRM (see the module docstring). ``db``: the store
+    (default ``PRMLOOP_STORE``, else the DuckDB file in ``PRMLOOP_HOME``)."""
+    if not db:
+        from prmloop.store.settings import StateSettings
+
+        db = str(StateSettings().store_location)
     return _pipeline(
         ratios=ratios,
         bootstrap_servers=bootstrap_servers,

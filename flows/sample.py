@@ -45,7 +45,7 @@ def load_questions_task(settings: SampleSettings) -> tuple[list[Question], list[
     if settings.from_queue:
         from prmloop.store.settings import StateSettings
 
-        queue = settings.db or StateSettings().db_path
+        queue = settings.db or StateSettings().store_location
     return load_source(
         dataset=settings.dataset,
         file=settings.file,

@@ -68,7 +68,11 @@ class SampleSettings(EngineSettings):
     from_queue: bool = Field(
         default=False, description="take the highest-priority questions of `prmloop prioritize` from the store"
     )
-    db: Path | None = Field(default=None, description="--from-queue: the store (default: $PRMLOOP_HOME/prmloop.duckdb)")
+    db: str | None = Field(
+        default=None,
+        description="--from-queue: the store, a DuckDB file or ducklake:... (default: $PRMLOOP_STORE, else "
+        "$PRMLOOP_HOME/prmloop.duckdb)",
+    )
     limit: int | None = Field(default=None, ge=1, description="only the first N questions")
     split: str | None = Field(default=None, description="data-set split, e.g. test or train")
     level: int = Field(default=1, ge=1, le=5, description="arith: difficulty level 1-5 (see the README's table)")

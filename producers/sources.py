@@ -158,7 +158,7 @@ def load_source(
     split: str | None = None,
     level: int = 1,
     seed: int = 0,
-    queue: Path | None = None,
+    queue: Path | str | None = None,
 ) -> tuple[list[Question], list[str]]:
     """The questions of exactly one source (a data set name or a JSONL file) and the per-input errors.
 

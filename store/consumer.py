@@ -23,12 +23,14 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -77,6 +79,24 @@ class RuntimeStats:
 
 #: A batch handler returns the events it could never process, with the reason (they are dead-lettered).
 BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off while a batch is decoded or converted.
+
+    Decoding allocates thousands of objects that never form cycles (reference counting frees them),
+    and the collector walks every one of them again at each of its many runs: measured on the sink's
+    events, 2/3 of decode time (validate_json 25-30k events/s with it, 80k without). One collection
+    may run after the block, as usual.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class ConsumerRuntime:
@@ -277,6 +297,31 @@ class ConsumerRuntime:
         good: list[ConsumedEvent] = []
         poison: list[tuple[ConsumerRecord, str, str]] = []
         known_topics = set(TOPIC_OF.values())
+        with paused_gc():
+            self._decode(records, good, poison, known_topics)
+        if not self._dead_letter(poison):
+            return  # stopped while the broker was unreachable: commit nothing, redeliver later
+        by_position = {(r.topic, r.partition, r.offset): r for r in records}
+        rejected = self._run_handler(good)
+        if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
+            return
+        if not self._dead_letter(
+            [(by_position[(c.topic, c.partition, c.offset)], kind, reason) for c, kind, reason in rejected]
+        ):
+            return
+        self._commit(records)
+        self.stats.batches += 1
+        self.stats.events += len(good) - len(rejected)
+        self.stats.dead_lettered += len(poison) + len(rejected)
+
+    def _decode(
+        self,
+        records: list[ConsumerRecord],
+        good: list[ConsumedEvent],
+        poison: list[tuple[ConsumerRecord, str, str]],
+        known_topics: set[str],
+    ) -> None:
+        """Sort ``records`` into decoded events (``good``) and records to dead-letter (``poison``)."""
         for rec in records:
             if rec.topic.endswith(DLQ_SUFFIX):
                 continue
@@ -295,20 +340,6 @@ class ConsumerRuntime:
                 poison.append((rec, "WrongTopic", reason))
                 continue
             good.append(ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
-        if not self._dead_letter(poison):
-            return  # stopped while the broker was unreachable: commit nothing, redeliver later
-        by_position = {(r.topic, r.partition, r.offset): r for r in records}
-        rejected = self._run_handler(good)
-        if rejected is None:  # stopped while the effect kept failing: commit nothing, redeliver later
-            return
-        if not self._dead_letter(
-            [(by_position[(c.topic, c.partition, c.offset)], kind, reason) for c, kind, reason in rejected]
-        ):
-            return
-        self._commit(records)
-        self.stats.batches += 1
-        self.stats.events += len(good) - len(rejected)
-        self.stats.dead_lettered += len(poison) + len(rejected)
 
     def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str, str]] | None:
         """The records to dead-letter (with kind and reason) once the batch's effect is durable, or

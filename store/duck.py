@@ -163,9 +163,20 @@ CREATE OR REPLACE TEMP TABLE staged AS
 SELECT CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
        CAST(causation_id AS UUID) AS causation_id, correlation_id,
        CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset, body,
-       row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset) AS rn
+       {rank} AS rn
 FROM incoming
 """
+_RANK_DUPLICATES = "row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset)"
+
+
+def stage_sql(rows: pa.Table) -> str:
+    """The staging statement; the window that ranks repeated event ids only when the batch repeats one
+    (counted in Arrow: the window is a fifth of the write time otherwise)."""
+    import pyarrow.compute as pc
+
+    unique = pc.count_distinct(rows.column("event_id")).as_py() == rows.num_rows
+    return _STAGE_SQL.format(rank="1" if unique else _RANK_DUPLICATES)
+
 
 _INSERT_SQL = """
 INSERT OR IGNORE INTO events
@@ -241,7 +252,7 @@ class EventStore:
                 con.register("incoming", rows)
                 con.register("incoming_offsets", off)
                 before = _count(con)
-                con.execute(_STAGE_SQL)
+                con.execute(stage_sql(rows))
                 con.execute(_INSERT_SQL, [now])
                 inserted = _count(con) - before
                 if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare content

@@ -260,15 +260,6 @@ def ensure_schema(store: LakeStore, projections: str) -> None:
     retrying(create, what="creating the lake's tables")
 
 
-_STAGE_SQL = """
-CREATE OR REPLACE TEMP TABLE staged AS
-SELECT CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
-       CAST(causation_id AS UUID) AS causation_id, correlation_id,
-       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset, body,
-       row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset) AS rn
-FROM incoming
-"""
-
 # Only event ids no committed row has: a redelivery is a no-op. Two sinks storing the same id at the
 # same moment both succeed; the view ``events`` still shows one (and compaction removes the other).
 _INSERT_SQL = """
@@ -323,7 +314,7 @@ class LakeEventStore:
             self._con = None
 
     def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
-        from prmloop.store.duck import WriteResult, content_sql
+        from prmloop.store.duck import WriteResult, content_sql, stage_sql
 
         t0 = time.monotonic()
         conflicts_sql = _conflicts_sql(content_sql)
@@ -342,7 +333,7 @@ class LakeEventStore:
             try:
                 con.register("incoming", rows)
                 con.register("incoming_offsets", off)
-                con.execute(_STAGE_SQL)
+                con.execute(stage_sql(rows))
                 inserted_row = con.execute(_INSERT_SQL, [now, self.writer]).fetchone()
                 inserted = int(inserted_row[0]) if inserted_row else 0
                 conflicts = 0

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
 from prmloop.store.duck import locate
-from prmloop.store.lake import LakeStore
+from prmloop.store.lake import is_lake_spec
 from prmloop.store.settings import StateSettings
 
 __all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
@@ -42,9 +42,16 @@ DbOption = Annotated[
 ]
 
 
-def db_path(db: str | Path | None) -> Path | LakeStore:
-    """The store a command reads or writes: ``--db``, else ``PRMLOOP_STORE``, else the DuckDB file."""
-    return locate(db if db else StateSettings().store_location)
+def db_path(db: str | Path | None) -> Path | str:
+    """The store a command reads or writes: ``--db``, else ``PRMLOOP_STORE``, else the DuckDB file.
+    A DuckLake stays its ``ducklake:...`` text (passwords included: print :func:`store_label`)."""
+    where = db if db else StateSettings().store_location
+    return where if isinstance(where, Path) or is_lake_spec(where) else Path(where)
+
+
+def store_label(db: str | Path | None) -> str:
+    """The store for messages: a DuckLake with any password masked."""
+    return str(locate(db_path(db)))
 
 
 def _setup_logging(verbose: bool) -> None:

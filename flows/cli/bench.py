@@ -12,17 +12,33 @@ from prmloop.flows.cli.app import bench_app
 
 
 @bench_app.command("sink")
-def bench_sink_cmd(
+def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
     n: Annotated[int, typer.Option("--n", help="events to publish")] = 100_000,
     quick: Annotated[bool, typer.Option(help="10k events")] = False,
     rate: Annotated[int, typer.Option(help="events/s for the latency phase")] = 1000,
     latency_seconds: Annotated[float, typer.Option(help="length of the latency phase")] = 10.0,
+    store: Annotated[
+        str, typer.Option(help="duckdb (the single-writer file) or ducklake (PostgreSQL catalog, Parquet)")
+    ] = "duckdb",
+    sinks: Annotated[int, typer.Option(help="ducklake: sink processes in one consumer group")] = 1,
 ) -> None:
-    """Raw kafka-python consume rate vs sink rate into DuckDB, and publish-to-queryable latency."""
+    """Raw kafka-python consume rate vs the sink's rate into the store; on DuckDB also the
+    publish-to-queryable latency and reader waits, on DuckLake the rate of N sink processes and a
+    reader's query time while they write."""
+    n = 10_000 if quick else n
+    if store == "ducklake":
+        from prmloop.flows.bench.sink_lake import bench_sink_lake
+
+        typer.echo(json.dumps(bench_sink_lake(n=n, sinks=sinks)))
+        return
+    if store != "duckdb":
+        raise ValueError(f"--store must be duckdb or ducklake, got {store!r}")
+    if sinks != 1:
+        raise ValueError("--sinks > 1 needs --store ducklake: a DuckDB file has one writer")
     from prmloop.flows.bench.sink import bench_sink
 
-    result = bench_sink(n=10_000 if quick else n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
-    typer.echo(json.dumps(result))
+    result = bench_sink(n=n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
+    typer.echo(json.dumps({**result, "store": "duckdb", "sinks": 1}))
 
 
 @bench_app.command("generate")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals
+from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals, store_label
 from prmloop.flows.output import OutputFormat, print_rows
 from prmloop.store.broker import EmbeddedBroker, require_bootstrap_servers
 from prmloop.store.settings import StateSettings
@@ -58,7 +58,7 @@ def sink(
     servers = require_bootstrap_servers()
     ensure_topics(servers)
     path = db_path(db)
-    err.print(f"sink: {servers} -> {path}")
+    err.print(f"sink: {servers} -> {store_label(db)}")
     stats, sink_stats = run_sink(
         bootstrap_servers=servers,
         db_path=path,
@@ -164,9 +164,7 @@ def compact(
     snapshots, delete unneeded files. Safe while sinks write. Prints one JSON line."""
     from prmloop.flows.maintenance import compact as compact_flow
     from prmloop.flows.maintenance import compact_store
-    from prmloop.store.lake import LakeStore
 
-    where = db_path(db)
-    store = where.spec if isinstance(where, LakeStore) else str(where)
+    store = str(db_path(db))
     report = compact_store(store, keep_days) if no_prefect else compact_flow(store, keep_days)
     typer.echo(json.dumps(report, default=str))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -105,14 +106,16 @@ def test_compaction_merges_small_files_and_the_data_stays(lake_store: LakeStore)
         writer.write_batch(events_to_arrow(consumed(events[i : i + 150], start=i)), [("t", 0, i + 150)])
     writer.close()
     before = query(lake_store, "SELECT count(*), sum(hash(event_id)) FROM events").rows
-    report = compact(lake_store, keep_snapshots_for=__import__("datetime").timedelta(0))
+    report = compact(lake_store, keep_snapshots_for=timedelta(0))
     assert report["files_after"] < report["files_before"]
     assert report["snapshots_expired"] > 0
     assert query(lake_store, "SELECT count(*), sum(hash(event_id)) FROM events").rows == before
 
 
 @pytest.mark.parametrize("kind", ["duckdb", "ducklake"])
-def test_export_writes_views_as_parquet_with_every_row(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+def test_export_writes_views_as_parquet_with_every_row(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     location: Path | LakeStore
     if kind == "duckdb":
         location = tmp_path / "s.duckdb"
@@ -128,7 +131,7 @@ def test_export_writes_views_as_parquet_with_every_row(kind: str, tmp_path: Path
     assert steps.num_rows == query(location, "SELECT count(*) FROM steps").rows[0][0] > 0
     assert "step_index" in steps.column_names
     assert not list((tmp_path / "out").glob(".*partial"))
-    with pytest.raises(ValueError, match="choose from .*current_labels"):
+    with pytest.raises(ValueError, match=r"choose from .*current_labels"):
         export_views(location, ["nope"], tmp_path / "out")
 
 
