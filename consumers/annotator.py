@@ -81,6 +81,10 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     )
     temperature: float = Field(default=0.7, ge=0.0, description="rollout sampling temperature")
     max_new_tokens: int = Field(default=384, ge=1, description="rollout budget; longer rollouts count as wrong")
+    stop_at_answer: bool = Field(
+        default=True,
+        description="end a rollout once its answer is stated (a closed \\boxed{} or 'The answer is X.'): fewer tokens",
+    )
     rollouts: int = Field(default=48, ge=1, description="sequential/binary: rollouts per state (hard MC)")
     n0: int = Field(default=16, ge=1, description="adaptive sampling: first rollouts of a state (N0)")
     n_min: int = Field(default=10, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
@@ -157,7 +161,11 @@ def build_annotator(
 
         engine = CoalescingGenerator(engine, expected=settings.in_flight)
         local = False  # the coalescer serialises engine calls itself
-    sampling = SamplingParams(temperature=settings.temperature, max_new_tokens=settings.max_new_tokens)
+    sampling = SamplingParams(
+        temperature=settings.temperature,
+        max_new_tokens=settings.max_new_tokens,
+        stop_at_answer=settings.stop_at_answer,
+    )
     generator_completer = GeneratorCompleter(
         engine,
         style=settings.prompt_format,

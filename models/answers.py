@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["answer_or_bare", "extract_answer", "last_boxed", "normalize_answer"]
+__all__ = ["answer_end", "answer_or_bare", "extract_answer", "last_boxed", "normalize_answer"]
 
 # --------------------------------------------------------------------------------------------------
 # Extraction
@@ -28,7 +28,12 @@ def _boxed_contents(text: str) -> list[str]:
 
     An unbalanced final box (generation cut off by the token limit) is ignored.
     """
-    found: list[str] = []
+    return [text[start : end - 1] for start, end in _boxed_spans(text)]
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int]]:
+    """(content start, index after the closing brace) of every complete box, in order."""
+    spans: list[tuple[int, int]] = []
     for match in _BOXED_RE.finditer(text):
         depth = 1
         i = match.end()
@@ -43,8 +48,30 @@ def _boxed_contents(text: str) -> list[str]:
                 depth -= 1
             i += 1
         if depth == 0:
-            found.append(text[match.end() : i - 1])
-    return found
+            spans.append((match.end(), i))
+    return spans
+
+
+# "The answer is 18." closed by a full stop before white space (not a decimal point), or by a line end.
+_ANSWER_CLOSED_RE = re.compile(
+    r"\bthe\s+(?:final\s+)?answer\s+is\s*:?\s*[^\n]*?\S(?:\.(?=\s)|(?=\n))", flags=re.IGNORECASE
+)
+
+
+def answer_end(text: str) -> int | None:
+    """Where a generation's final answer is complete: the index just after the first closed
+    ``\\boxed{...}`` / ``\\fbox{...}``, or after ``The answer is X`` once a full stop and white space
+    (or a line break) closed it. ``None`` while no answer is determined yet.
+
+    A rollout only needs its answer (MC annotation grades nothing else), so generation can stop there.
+
+    ``"The answer is 3."`` is not closed yet: the next token may make it ``3.5``.
+    """
+    ends = [end for _, end in _boxed_spans(text)][:1]
+    said = _ANSWER_CLOSED_RE.search(text)
+    if said is not None:
+        ends.append(said.end() + (1 if text[said.end() : said.end() + 1] == "." else 0))
+    return min(ends) if ends else None
 
 
 def last_boxed(text: str) -> str | None:

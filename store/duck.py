@@ -29,9 +29,15 @@ StoreLocation: TypeAlias = Path | str | LakeStore
 
 
 def store_exists(location: StoreLocation) -> bool:
-    """A DuckDB file exists, or a DuckLake is named (whether its tables exist, its readers say)."""
+    """The DuckDB file exists, or the DuckLake's catalog has been created (by a sink)."""
     where = locate(location)
-    return isinstance(where, LakeStore) or where.exists()
+    if not isinstance(where, LakeStore):
+        return where.exists()
+    try:
+        with open_lake(where, read_only=True):
+            return True
+    except FileNotFoundError:
+        return False
 
 
 def locate(location: StoreLocation) -> Path | LakeStore:
@@ -383,8 +389,11 @@ def check_read_only(sql: str) -> list[str]:
     if not statements:
         raise ReadOnlyViolation("the query is empty: give a SELECT statement")
     for i, st in enumerate(statements, 1):
+        # Compared with ==, never `is`: DuckDB 1.5's enum values are new objects on every access.
         kind = st.type
-        if kind is duckdb.StatementType.EXPLAIN:
+        explained = False
+        if kind == duckdb.StatementType.EXPLAIN:
+            explained = True
             inner = _explained_statement(st.query)
             try:
                 inner_statements = duckdb.extract_statements(inner) if inner else []
@@ -395,11 +404,11 @@ def check_read_only(sql: str) -> list[str]:
                     f"statement {i} is an EXPLAIN whose statement cannot be read: give EXPLAIN SELECT ..."
                 )
             kind = inner_statements[0].type
-            if kind is duckdb.StatementType.EXPLAIN:
+            if kind == duckdb.StatementType.EXPLAIN:
                 raise ReadOnlyViolation(f"statement {i} explains an EXPLAIN: give EXPLAIN SELECT ...")
         if kind not in READ_ONLY_STATEMENTS:
             raise ReadOnlyViolation(
-                f"statement {i} is {'an EXPLAIN of ' if kind is not st.type else ''}{kind.name}: `prmloop sql` "
+                f"statement {i} is {'an EXPLAIN of ' if explained else ''}{kind.name}: `prmloop sql` "
                 "only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of those). The store is "
                 "changed only by events, through the sink; export results with --format csv/json instead of COPY."
             )

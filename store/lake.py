@@ -27,6 +27,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -175,7 +176,9 @@ def _pgserver_conninfo(directory: str) -> str:
         server = _servers.get(directory)
         if server is None:
             try:
-                import pgserver
+                with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+                    warnings.simplefilter("ignore")
+                    import pgserver
             except ImportError as exc:
                 raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
             Path(directory).parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +203,10 @@ def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool
     try:
         con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
     except duckdb.Error as exc:
+        if read_only and "does not exist" in str(exc):
+            raise FileNotFoundError(
+                f"no prmloop store in {store} yet: start `prmloop sink` with the same PRMLOOP_STORE (it creates it)"
+            ) from exc
         raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
     con.execute(f"USE {ALIAS}")
 

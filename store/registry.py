@@ -33,7 +33,7 @@ def current_model(db: StoreLocation, kind: str = "prm") -> dict[str, Any] | None
         return None
     rows = query(
         db,
-        "SELECT payload FROM events WHERE event_type = 'ModelRegistered' AND payload->>'kind' = ? "
+        "SELECT payload FROM events WHERE event_type = 'ModelRegistered' AND (payload->>'kind') = ? "
         "AND coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) "
         "ORDER BY occurred_at DESC LIMIT 1",
         [kind],

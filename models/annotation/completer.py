@@ -138,7 +138,7 @@ class GeneratorCompleter:
 
         self.generator = generator
         self.style = style
-        self.params = params or SamplingParams(temperature=0.7, max_new_tokens=384)
+        self.params = params or SamplingParams(temperature=0.7, max_new_tokens=384, stop_at_answer=True)
         self.seed = seed
         self.name = name or generator.model_name
         self._lock: threading.Lock | None = threading.Lock() if lock else None

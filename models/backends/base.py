@@ -61,6 +61,14 @@ class SamplingParams(BaseModel):
         default=None,
         description="seed that makes one call reproducible (None = not seeded); vary it across calls",
     )
+    stop_at_answer: bool = Field(
+        default=False,
+        description=(
+            "end a completion once its final answer is determined (a closed \\boxed{...}, or 'The answer is X' "
+            "closed by a full stop or line break), keeping the answer: a rollout needs nothing after it. "
+            "The local transformers engine stops generating there; servers generate on and the text is cut"
+        ),
+    )
 
     @property
     def greedy(self) -> bool:

@@ -126,7 +126,9 @@ class OpenAICompatibleBackend:
             ids.append(int(token.removeprefix(_TOKEN_ID_PREFIX)))
         return ids
 
-    def _completions(self, payload: dict[str, Any], expected: int) -> list[Completion]:
+    def _completions(
+        self, payload: dict[str, Any], expected: int, params: SamplingParams | None = None
+    ) -> list[Completion]:
         choices = sorted(payload.get("choices", []), key=lambda c: c["index"])
         if len(choices) != expected:
             raise OpenAIServerError(f"expected {expected} choices from {self.base_url}, got {len(choices)}")
@@ -140,9 +142,14 @@ class OpenAICompatibleBackend:
             if finish not in ("stop", "length"):
                 raise OpenAIServerError(f"unexpected finish_reason {finish!r} from {self.base_url}")
             stop_reason = choice.get("stop_reason")
+            text = choice["text"]
+            if params is not None and params.stop_at_answer:
+                text, token_ids, logprobs, cut = _cut_at_answer(text, token_ids, logprobs, block.get("text_offset"))
+                if cut:
+                    finish, stop_reason = "stop", "answer"
             out.append(
                 Completion(
-                    text=choice["text"],
+                    text=text,
                     token_ids=tuple(token_ids),
                     logprobs=tuple(logprobs),
                     finish_reason=_finish(finish),
@@ -162,7 +169,7 @@ class OpenAICompatibleBackend:
         params = params or self.default_params
 
         def one(prompt: str) -> list[Completion]:
-            return self._completions(self._completion_request(prompt, params), params.n)
+            return self._completions(self._completion_request(prompt, params), params.n, params)
 
         if len(prompts) <= 1:
             return [one(prompt) for prompt in prompts]
@@ -207,3 +214,18 @@ class OpenAICompatibleBackend:
 
 def _finish(value: str) -> FinishReason:
     return "stop" if value == "stop" else "length"
+
+
+def _cut_at_answer(
+    text: str, token_ids: list[int], logprobs: list[float], offsets: Any
+) -> tuple[str, list[int], list[float], bool]:
+    """A server generates past the answer; keep the text up to it and the tokens that start before its
+    end (by the response's ``text_offset``), so perplexities weigh the same tokens as a local engine's."""
+    from prmloop.models.answers import answer_end
+
+    end = answer_end(text)
+    if end is None or not isinstance(offsets, list) or len(offsets) != len(token_ids) or not offsets:
+        return text, token_ids, logprobs, False
+    base = int(offsets[0])
+    keep = sum(1 for o in offsets if int(o) - base < end)
+    return text[:end], token_ids[:keep], logprobs[:keep], True

@@ -64,24 +64,41 @@ class _SampledTokenLogprobs:
 
 
 class _StopInCompletion:
-    """Stopping criterion: a row is done when its *generated* text contains a stop string.
+    """Stopping criterion: a row is done when its *generated* text contains a stop string, or (with
+    ``at_answer``) states its final answer (:func:`~prmloop.models.answers.answer_end`).
 
     transformers' own ``stop_strings`` also match a stop string that straddles the end of the prompt,
     which vLLM and OpenAI-compatible servers do not; this one looks only after ``prompt_width``.
-    Only a window of recent tokens is decoded per step (enough for the longest stop string).
+    For stop strings only a window of recent tokens is decoded per step (enough for the longest one);
+    the answer check decodes each unfinished row's whole completion.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int, at_answer: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
         self.stops = tuple(stops)
         self.prompt_width = prompt_width
-        self.window = max(len(stop) for stop in stops) + 8
+        self.window = max((len(stop) for stop in stops), default=0) + 8
+        self.at_answer = at_answer
+        self._answered: set[int] = set()
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        from prmloop.models.answers import answer_end
+
         torch = _torch()
-        start = max(self.prompt_width, input_ids.shape[1] - self.window)
-        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
-        done = [any(stop in tail for stop in self.stops) for tail in tails]
+        done = [False] * input_ids.shape[0]
+        if self.stops:
+            start = max(self.prompt_width, input_ids.shape[1] - self.window)
+            tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+            done = [any(stop in tail for stop in self.stops) for tail in tails]
+        if self.at_answer:
+            rows = [r for r in range(input_ids.shape[0]) if not done[r] and r not in self._answered]
+            texts = self.tokenizer.batch_decode(input_ids[rows, self.prompt_width :], skip_special_tokens=True)
+            for r, text in zip(rows, texts, strict=True):
+                if answer_end(text) is not None:
+                    self._answered.add(r)
+            done = [d or r in self._answered for r, d in enumerate(done)]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -341,11 +358,11 @@ class TransformersBackend:
         if not params.greedy and params.top_p < 1.0:
             warpers.append(TopPLogitsWarper(params.top_p))
         kwargs: dict[str, Any] = {"generation_config": config, "logits_processor": warpers}
-        if params.stop:
+        if params.stop or params.stop_at_answer:
             from transformers import StoppingCriteriaList
 
             kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [_StopInCompletion(self.tokenizer, params.stop, prompt_width)]
+                [_StopInCompletion(self.tokenizer, params.stop, prompt_width, at_answer=params.stop_at_answer)]
             )
         return kwargs
 
@@ -421,8 +438,18 @@ class TransformersBackend:
                 if hit is not None:
                     end, finish, stop_reason = k, "stop", hit
                     break
+        if params.stop_at_answer and stop_reason is None:
+            # The first token whose decoded prefix states the answer ends it (the answer kept).
+            from prmloop.models.answers import answer_end
+
+            for k in range(1, end + 1):
+                if answer_end(str(self.tokenizer.decode(tokens[:k], skip_special_tokens=True))) is not None:
+                    end, finish, stop_reason = k, "stop", "answer"
+                    break
         text = str(self.tokenizer.decode(tokens[:end], skip_special_tokens=True))
-        if stop_reason is not None:
+        if stop_reason == "answer":
+            text = text[: answer_end(text)]
+        elif stop_reason is not None:
             text = text[: text.index(stop_reason)]
         return Completion(
             text=text,

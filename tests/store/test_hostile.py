@@ -21,9 +21,10 @@ from prmloop.consumers.sink import SinkStats, run_sink
 from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
-from prmloop.store.duck import query, store_health
+from prmloop.store.duck import query, store_exists, store_health
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.lake import LakeStore
 from prmloop.store.limits import DLQ_TRUNCATED_BYTES
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, dlq_topic
@@ -82,7 +83,7 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None
 class SinkThread:
     """The real sink in a thread, against a temporary DuckDB file."""
 
-    def __init__(self, servers: str, db: Path) -> None:
+    def __init__(self, servers: str, db: Path | LakeStore) -> None:
         self.db = db
         self.stop = threading.Event()
         self.result: list[tuple[RuntimeStats, SinkStats]] = []
@@ -116,21 +117,38 @@ class SinkThread:
         return self.result[0]
 
 
-def stored(db: Path, events: list[Envelope]) -> int:
-    if not db.exists():
+def stored(db: Path | LakeStore, events: list[Envelope]) -> int:
+    if not store_exists(db):
         return 0
     ids = ",".join(f"'{e.event_id}'" for e in events)
     return int(query(db, f"SELECT count(*) FROM events WHERE event_id IN ({ids})").rows[0][0])
 
 
+@pytest.fixture
+def own_servers() -> Iterator[str]:
+    """A broker of this test's own (the store-parametrized tests count dead letters exactly)."""
+    with EmbeddedBroker() as broker:
+        ensure_topics(broker.bootstrap_servers)
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(params=["duckdb", "ducklake"])
+def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> Path | LakeStore:
+    """Where the sink writes: a DuckDB file, or a DuckLake with a real PostgreSQL catalog."""
+    if request.param == "duckdb":
+        return tmp_path / "store.duckdb"
+    lake: LakeStore = request.getfixturevalue("lake_store")
+    return lake
+
+
 def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_stored(
-    servers: str, tmp_path: Path
+    own_servers: str, store_at: Path | LakeStore
 ) -> None:
     good = [question(f"h{i}") for i in range(6)]
     huge = b"\x00not json" + b"x" * 12_000_000
     hostile = [deep_record(100_000), deep_record(300), huge, b"\xff\xfe", b"[]"]
     topic = good[0].topic
-    producer = raw_producer(servers)
+    producer = raw_producer(own_servers)
     for i, e in enumerate(good):
         producer.send(topic, key=e.correlation_id.encode(), value=encode_event(e))
         if i < len(hostile):
@@ -138,14 +156,14 @@ def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_s
     producer.flush(30)
     producer.close()
 
-    sink = SinkThread(servers, tmp_path / "store.duckdb")
+    sink = SinkThread(own_servers, store_at)
     wait_for(lambda: stored(sink.db, good) == len(good), 60, "the valid events")
     assert sink.alive
     runtime_stats, sink_stats = sink.close()
     assert runtime_stats.dead_lettered == len(hostile)
     assert sink_stats.inserted == len(good)
 
-    dead = read_topic(servers, dlq_topic(topic), len(hostile))
+    dead = read_topic(own_servers, dlq_topic(topic), len(hostile))
     assert len(dead) == len(hostile)
     by_error = {dict(r.headers)["dlq.error_type"] for r in dead}
     assert b"RecordTooDeep" in by_error and b"RecordTooLarge" in by_error
@@ -161,7 +179,7 @@ def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_s
 
 
 def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_silent(
-    servers: str, tmp_path: Path
+    own_servers: str, store_at: Path | LakeStore
 ) -> None:
     original = question("c1")
     same_again = encode_event(original)
@@ -169,7 +187,7 @@ def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_si
     changed["payload"]["problem"] = "a different problem under the same event_id"
     changed_raw = json.dumps(changed).encode()
     stray = question("stray")  # a QuestionRegistered on steps.labeled
-    producer = raw_producer(servers)
+    producer = raw_producer(own_servers)
     producer.send(original.topic, key=b"c1", value=encode_event(original))
     producer.send(original.topic, key=b"c1", value=same_again)  # a harmless redelivery
     producer.send(original.topic, key=b"c1", value=changed_raw)
@@ -178,11 +196,11 @@ def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_si
     producer.flush(30)
     producer.close()
 
-    db = tmp_path / "store.duckdb"
-    sink = SinkThread(servers, db)
+    db = store_at
+    sink = SinkThread(own_servers, db)
     wait_for(lambda: stored(db, [original]) == 1, 60, "the original")
     wait_for(lambda: int(query(db, "SELECT count(*) FROM conflicts").rows[0][0]) >= 1, 30, "the conflict")
-    wrong = read_topic(servers, dlq_topic("steps.labeled"), 1)
+    wrong = read_topic(own_servers, dlq_topic("steps.labeled"), 1)
     sink.close()
 
     rows = query(
