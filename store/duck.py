@@ -34,8 +34,11 @@ def store_exists(location: StoreLocation) -> bool:
     if not isinstance(where, LakeStore):
         return where.exists()
     try:
-        with open_lake(where, read_only=True):
-            return True
+        with open_lake(where, read_only=True) as con:
+            found = con.execute(
+                "SELECT count(*) FROM duckdb_views() WHERE database_name = current_database() AND view_name = 'events'"
+            ).fetchone()
+            return bool(found and found[0])
     except FileNotFoundError:
         return False
 

@@ -170,19 +170,27 @@ _servers: dict[str, Any] = {}
 _servers_lock = threading.Lock()
 
 
+def local_postgres(directory: str | Path) -> Any:
+    """A handle on the ``pgserver`` PostgreSQL in ``directory`` (started if needed; it stops when the
+    last process holding a handle exits or calls ``cleanup()``)."""
+    try:
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            import pgserver
+    except ImportError as exc:
+        raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
+    Path(directory).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pgserver.get_server(directory, cleanup_mode="stop")
+
+
 def _pgserver_conninfo(directory: str) -> str:
     """Start (or join) the local PostgreSQL in ``directory``; it stops when its last user exits."""
     with _servers_lock:
         server = _servers.get(directory)
         if server is None:
-            try:
-                with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
-                    warnings.simplefilter("ignore")
-                    import pgserver
-            except ImportError as exc:
-                raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
-            Path(directory).parent.mkdir(parents=True, exist_ok=True)
-            server = pgserver.get_server(directory, cleanup_mode="stop")
+            server = local_postgres(directory)
             _servers[directory] = server
         uri = server.get_uri()
     host = re.search(r"host=([^&]+)", uri)
@@ -261,8 +269,11 @@ def ensure_schema(store: LakeStore, projections: str) -> None:
 
     def create() -> None:
         with open_lake(store, read_only=False) as con:
+            # One transaction: a reader never sees the tables without the views.
+            con.execute("BEGIN TRANSACTION")
             con.execute(SCHEMA_SQL)
             con.execute(projections)
+            con.execute("COMMIT")
 
     retrying(create, what="creating the lake's tables")
 

@@ -3,8 +3,9 @@ DuckLake (a real PostgreSQL catalog from pgserver, Parquet in a temporary folder
 kafka-python consume rate of the same records, and how long a reader's query takes while they write.
 
 The sinks are separate processes (as in a cluster: one per node or per core), started after the
-events are published. Their rate is measured in steady state, from the first stored event to the
-last, since process start-up (imports, joining the group) is paid once per process, not per event.
+events are published. Their rate is timed from the last poll that saw nothing stored to the poll
+that saw every event, since process start-up (imports, joining the group) is paid once per process,
+not per event.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +25,26 @@ from prmloop.flows.bench.sink import _broker, _pct, _raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.lake import LakeStore, ensure_schema
+from prmloop.store.lake import LakeStore, ensure_schema, local_postgres
 
 
 def bench_sink_lake(
-    n: int = 100_000, sinks: int = 1, *, max_batch: int = 5000, timeout_s: float = 900
+    n: int = 100_000,
+    sinks: int = 1,
+    *,
+    rate: int = 1000,
+    latency_seconds: float = 10.0,
+    max_batch: int = 5000,
+    timeout_s: float = 900,
 ) -> dict[str, Any]:
-    """Publish ``n`` events, time a raw consumer on them, then ``sinks`` sink processes into a DuckLake."""
-    import pgserver
-
+    """Publish ``n`` events, time a raw consumer on them, then ``sinks`` sink processes into a DuckLake;
+    then, with the sinks still running, publish-to-queryable latency at ``rate`` events/s."""
     if sinks < 1:
         raise ValueError(f"--sinks must be at least 1, got {sinks}")
     events = synthetic_events(n, seed=7)
     with _broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-lake-") as tmp:
         ensure_topics(servers)
-        server = pgserver.get_server(Path(tmp) / "pg", cleanup_mode="stop")
+        server = local_postgres(Path(tmp) / "pg")
         try:
             store = LakeStore(f"pgserver:{Path(tmp) / 'pg'}", Path(tmp) / "data")
             ensure_schema(store, projection_sql())
@@ -88,6 +97,7 @@ def bench_sink_lake(
                             f"a sink exited: {dead[0].stderr.read().decode()[-500:] if dead[0].stderr else ''}"
                         )
                     time.sleep(0.05)
+                latency = _latency(servers, store, rate, latency_seconds)
             finally:
                 for p in procs:
                     p.terminate()
@@ -97,10 +107,13 @@ def bench_sink_lake(
                     except subprocess.TimeoutExpired:
                         p.kill()
             first = next((t, c) for t, c in counts if c > 0)
+            # From the last poll that saw nothing stored (a poll takes a few hundred ms on the lake, so
+            # small runs are timed coarsely; use tens of thousands of events for a figure).
+            zero_t = max((t for t, c in counts if c == 0), default=started)
             last_t = counts[-1][0]
-            steady = (n - first[1]) / max(1e-9, last_t - first[0])
+            steady = n / max(1e-9, last_t - zero_t)
             visible = query(store, "SELECT count(*), count(DISTINCT event_id) FROM events").rows[0]
-            writing = [q for (t, _), q in zip(counts, query_ms, strict=True) if t >= first[0]]
+            writing = [q for (t, _), q in zip(counts, query_ms, strict=True) if t >= zero_t]
         finally:
             server.cleanup()
     raw_eps = n / raw_s
@@ -113,10 +126,64 @@ def bench_sink_lake(
         "sink_eps": round(steady, 1),
         "sink_to_raw_ratio": round(steady / raw_eps, 3),
         "first_event_after_s": round(first[0] - started, 1),
+        "polls_while_writing": len(writing),
         "reader_query_p50_ms": round(_pct(writing, 0.5), 1),
         "reader_query_p95_ms": round(_pct(writing, 0.95), 1),
         "reader_wait_ms": 0.0,
+        **latency,
         "stored_events": int(visible[0]),
         "stored_distinct": int(visible[1]),
         "cpu_count": os.cpu_count(),
+    }
+
+
+def _latency(servers: str, store: LakeStore, rate: int, seconds: float) -> dict[str, Any]:
+    """Publish fresh events at ``rate``/s while the sinks run; a reader polls the lake for them:
+    publish-to-queryable latency (a reader sees a sink's batch once its snapshot is committed)."""
+    events = [
+        e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(int(rate * seconds) + 1, seed=11)
+    ]
+    sent_at: dict[str, float] = {}
+    seen_at: dict[str, float] = {}
+    stop = threading.Event()
+    since = datetime.now(UTC) - timedelta(seconds=5)
+
+    def reader() -> None:
+        deadline: float | None = None
+        while len(seen_at) < len(events):
+            if stop.is_set():
+                deadline = deadline or time.monotonic() + 60
+                if time.monotonic() > deadline:
+                    return
+            rows = query(store, "SELECT CAST(event_id AS VARCHAR) FROM events_log WHERE ingested_at >= ?", [since]).rows
+            now = time.perf_counter()
+            for (eid,) in rows:
+                if eid in sent_at and eid not in seen_at:
+                    seen_at[eid] = now
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    with EventProducer(servers, linger_ms=0) as producer:
+        per_tick = max(1, rate // 20)
+        start = time.perf_counter()
+        for i in range(0, len(events), per_tick):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            chunk = events[i : i + per_tick]
+            t = time.perf_counter()
+            for e in chunk:
+                sent_at[str(e.event_id)] = t
+            producer.publish(chunk)
+        achieved = len(events) / (time.perf_counter() - start)
+    stop.set()
+    thread.join(timeout=90)
+    latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
+    return {
+        "latency_rate_eps": round(achieved, 1),
+        "p50_latency_ms": round(_pct(latencies, 0.5), 1),
+        "p95_latency_ms": round(_pct(latencies, 0.95), 1),
+        "latency_events_seen": len(latencies),
+        "latency_events_sent": len(sent_at),
     }

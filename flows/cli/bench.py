@@ -29,7 +29,9 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
     if store == "ducklake":
         from prmloop.flows.bench.sink_lake import bench_sink_lake
 
-        typer.echo(json.dumps(bench_sink_lake(n=n, sinks=sinks)))
+        typer.echo(
+            json.dumps(bench_sink_lake(n=n, sinks=sinks, rate=rate, latency_seconds=5.0 if quick else latency_seconds))
+        )
         return
     if store != "duckdb":
         raise ValueError(f"--store must be duckdb or ducklake, got {store!r}")
