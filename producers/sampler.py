@@ -100,6 +100,12 @@ class SampleSettings(EngineSettings):
     batch_size: int = Field(default=4, ge=1, description="questions per Prefect task (one retry unit)")
     prefect: bool = Field(default=True, description="run as the Prefect flow `sample` (tasks, retries, artifact)")
 
+    @field_validator("db", mode="before")
+    @classmethod
+    def _store_as_text(cls, value: object) -> object:
+        """A DuckDB file's Path is accepted as its text (a DuckLake is text anyway)."""
+        return str(value) if isinstance(value, Path) else value
+
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, value: str) -> str:

@@ -102,7 +102,7 @@ def evaluate_processbench(
     started = time.perf_counter()
     for item in chosen:
         deltas = None
-        if settings.strategy == "uncertainty_driven":
+        if settings.strategy in ("uncertainty_driven", "bisection"):  # both read the Δu
             prompt = solution_prompt(engine, item.problem, style)
             logprobs, offsets = teacher_forced_logprobs(engine, prompt, item.steps, style)
             deltas = uncertainty_deltas(step_uncertainty(logprobs, offsets))

@@ -156,42 +156,46 @@ def evaluate_arith(
             return annotate(solution, strategy, [completer], checker=checker)
 
         # --in-flight N: N solutions searched at once; their probes reach the engine as one batch.
-        with ThreadPoolExecutor(max_workers=settings.in_flight) as pool:
+        # Results are read in order while the pool works, so progress lines come as solutions finish.
+        pool = ThreadPoolExecutor(max_workers=settings.in_flight)
+        try:
             results = pool.map(label_one, range(len(chosen)), chosen)
-        for row, result_i in zip(chosen, results, strict=True):
-            out = {
-                "strategy": label,
-                "question_id": row["question_id"],
-                "sample": row["sample"],
-                "steps": len(row["steps"]),
-                "exact_first_error": row["first_error_step"],
-                "status": result_i.status,
-                "predicted_first_error": result_i.first_error_step,
-                "rollouts": result_i.cost.rollouts,
-                "generated_tokens": result_i.cost.generated_tokens,
-                "verified_steps": result_i.cost.verified_steps,
-                "estimates": [
-                    (e.step_index, round(e.value, 3), e.rollouts, e.correct_rollouts) for e in result_i.estimates
-                ],
-            }
-            rows.append(out)
-            if progress is not None:
-                progress(
-                    {
-                        "phase": label,
-                        **{
-                            k_: out[k_]
-                            for k_ in (
-                                "question_id",
-                                "sample",
-                                "exact_first_error",
-                                "predicted_first_error",
-                                "status",
-                                "rollouts",
-                            )
-                        },
-                    }
-                )
+            for row, result_i in zip(chosen, results, strict=True):
+                out = {
+                    "strategy": label,
+                    "question_id": row["question_id"],
+                    "sample": row["sample"],
+                    "steps": len(row["steps"]),
+                    "exact_first_error": row["first_error_step"],
+                    "status": result_i.status,
+                    "predicted_first_error": result_i.first_error_step,
+                    "rollouts": result_i.cost.rollouts,
+                    "generated_tokens": result_i.cost.generated_tokens,
+                    "verified_steps": result_i.cost.verified_steps,
+                    "estimates": [
+                        (e.step_index, round(e.value, 3), e.rollouts, e.correct_rollouts) for e in result_i.estimates
+                    ],
+                }
+                rows.append(out)
+                if progress is not None:
+                    progress(
+                        {
+                            "phase": label,
+                            **{
+                                k_: out[k_]
+                                for k_ in (
+                                    "question_id",
+                                    "sample",
+                                    "exact_first_error",
+                                    "predicted_first_error",
+                                    "status",
+                                    "rollouts",
+                                )
+                            },
+                        }
+                    )
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         summaries.append(_summarise(label, strategy.parameters(), rows, time.perf_counter() - tick))
         per_solution.extend(rows)
     return {
