@@ -176,3 +176,34 @@ def test_work_longer_than_the_poll_interval_keeps_the_group_and_loses_no_record(
     assert len(seen) == 16
     total = sum(_committed(kafka_bootstrap, group, topic, p) or 0 for p in (0, 1))
     assert total == 16
+
+
+def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order(kafka_bootstrap: str) -> None:
+    """Batches fetched while the handler works are decoded then (poison included) and later handed on
+    exactly as if decoded at their turn: each event once, in order, the poison dead-lettered once."""
+    topic = _topic(1, kafka_bootstrap)
+    values = [_event(i) if i % 10 else b"\xff not json" for i in range(1, 61)]
+    _send(kafka_bootstrap, topic, values)
+    seen: list[str] = []
+    decoded_ahead: list[int] = []
+
+    runtime: ConsumerRuntime
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        decoded_ahead.append(len(runtime._ahead))
+        time.sleep(0.3)  # slow enough for the next batch to be fetched and decoded meanwhile
+        seen.extend(c.event.correlation_id for c in batch)
+
+    runtime = ConsumerRuntime(
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=kafka_bootstrap,
+        handler=handler,
+        assign_all=True,
+        max_batch=10,
+    )
+    _run_until(runtime, lambda: len(seen) >= 54)
+    assert seen == [f"q{i}" for i in range(1, 61) if i % 10]
+    assert runtime.stats.dead_lettered == 6
+    assert max(decoded_ahead) > 0  # a later batch was waiting decoded while one was handled
+    assert not runtime._ahead  # nothing left behind
