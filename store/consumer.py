@@ -23,14 +23,12 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import FrameType
@@ -41,30 +39,16 @@ from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
 from kafka.structs import OffsetAndMetadata
 
-from prmloop.store.codec import DecodeError, decode_stored_form
-from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, consumer_config
 from prmloop.store.limits import DLQ_TRUNCATED_BYTES
 from prmloop.store.poison import TransientError, is_transient, one_line, truncated_copy
+from prmloop.store.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import DLQ_SUFFIX, TOPIC_OF, dlq_topic
+from prmloop.store.topics import TOPIC_OF, dlq_topic
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BatchHandler", "ConsumedEvent", "ConsumerRuntime", "RuntimeStats", "TransientError", "is_transient"]
-
-
-@dataclass(frozen=True)
-class ConsumedEvent:
-    """A decoded event and where it came from."""
-
-    event: Envelope
-    topic: str
-    partition: int
-    offset: int
-    timestamp_ms: int
-    #: The event as current-version JSON (the record itself unless it was upcast).
-    body: bytes = b""
 
 
 @dataclass
@@ -79,29 +63,6 @@ class RuntimeStats:
 
 #: A batch handler returns the events it could never process, with the reason (they are dead-lettered).
 BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
-
-
-#: What decoding one record gave: ("good", ConsumedEvent), ("poison", (record, kind, reason)) or
-#: ("skip", None) for a dead-letter topic's record.
-_Decoded = tuple[str, Any]
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """The cyclic garbage collector off while a batch is decoded or converted.
-
-    Decoding allocates thousands of objects that never form cycles (reference counting frees them),
-    and the collector walks every one of them again at each of its many runs: measured on the sink's
-    events, 2/3 of decode time (validate_json 25-30k events/s with it, 80k without). One collection
-    may run after the block, as usual.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 class ConsumerRuntime:
@@ -171,7 +132,7 @@ class ConsumerRuntime:
         self._prefetched: list[ConsumerRecord] = []
         #: Prefetched records already decoded while the handler worked (by ``id``; the record is kept
         #: beside its result, so an id is never confused with a later record's).
-        self._ahead: dict[int, tuple[ConsumerRecord, _Decoded]] = {}
+        self._ahead: dict[int, tuple[ConsumerRecord, Decoded]] = {}
         self._cluster_id: str | None = None
 
     # ------------------------------------------------------------------------------------------ control
@@ -352,23 +313,8 @@ class ConsumerRuntime:
             for rec in records:
                 self._ahead[id(rec)] = (rec, self._decode_one(rec, known_topics))
 
-    def _decode_one(self, rec: ConsumerRecord, known_topics: set[str]) -> _Decoded:
-        if rec.topic.endswith(DLQ_SUFFIX):
-            return ("skip", None)
-        try:
-            event, body = decode_stored_form(rec.value if rec.value is not None else b"")
-        except Exception as exc:  # noqa: BLE001 - decoding depends only on the bytes: never transient
-            return (
-                "poison",
-                (rec, type(exc).__name__, one_line(exc) if not isinstance(exc, DecodeError) else str(exc)),
-            )
-        if self.check_topic and rec.topic in known_topics and event.topic != rec.topic:
-            reason = (
-                f"a {event.event_type} event ({event.event_id}) was published on {rec.topic}; "
-                f"its topic is {event.topic}"
-            )
-            return ("poison", (rec, "WrongTopic", reason))
-        return ("good", ConsumedEvent(event, rec.topic, rec.partition, rec.offset, rec.timestamp, body))
+    def _decode_one(self, rec: ConsumerRecord, known_topics: set[str]) -> Decoded:
+        return decode_record(rec, known_topics, check_topic=self.check_topic)
 
     def _run_handler(self, batch: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str, str]] | None:
         """The records to dead-letter (with kind and reason) once the batch's effect is durable, or

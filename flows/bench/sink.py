@@ -35,7 +35,7 @@ from prmloop.store.topics import EVENT_TOPICS
 
 
 @contextmanager
-def _broker() -> Iterator[str]:
+def bench_broker() -> Iterator[str]:
     settings = KafkaSettings()
     if settings.bootstrap_servers:
         yield settings.bootstrap_servers
@@ -44,14 +44,14 @@ def _broker() -> Iterator[str]:
         yield b.bootstrap_servers
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _raw_consume(servers: str, n: int, group: str) -> float:
+def raw_consume(servers: str, n: int, group: str) -> float:
     """Seconds for a bare kafka-python consumer (same settings as the runtime) to read ``n`` records,
     set-up and close included, as they are in the sink's figure."""
     t0 = time.perf_counter()
@@ -79,7 +79,7 @@ def bench_sink(
     if not 0.0 <= poison_fraction < 1.0:
         raise ValueError(f"poison_fraction must be in [0, 1), got {poison_fraction}")
     events = synthetic_events(n, seed=7)
-    with _broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-") as tmp:
+    with bench_broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-") as tmp:
         ensure_topics(servers)
         db = Path(tmp) / "bench.duckdb"
         t0 = time.perf_counter()
@@ -90,7 +90,7 @@ def bench_sink(
                 bar.advance(task, min(5000, n - i))
         publish_s = time.perf_counter() - t0
 
-        raw_s = _raw_consume(servers, n, group=f"bench-raw-{time.time_ns()}")
+        raw_s = raw_consume(servers, n, group=f"bench-raw-{time.time_ns()}")
 
         inserted = 0
 
@@ -303,14 +303,14 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
     latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
     return {
         "latency_rate_eps": round(achieved, 1),
-        "p50_latency_ms": round(_pct(latencies, 0.5), 1),
-        "p95_latency_ms": round(_pct(latencies, 0.95), 1),
+        "p50_latency_ms": round(percentile(latencies, 0.5), 1),
+        "p95_latency_ms": round(percentile(latencies, 0.95), 1),
         "latency_events_seen": len(latencies),
         "latency_events_sent": len(sent_at),
-        "reader_wait_p50_ms": round(_pct(reader_waits, 0.5) * 1000, 2),
-        "reader_wait_p95_ms": round(_pct(reader_waits, 0.95) * 1000, 2),
+        "reader_wait_p50_ms": round(percentile(reader_waits, 0.5) * 1000, 2),
+        "reader_wait_p95_ms": round(percentile(reader_waits, 0.95) * 1000, 2),
         "reader_wait_max_ms": round(max(reader_waits, default=0.0) * 1000, 2),
-        "sink_stall_p95_ms": round(_pct(writer_waits, 0.95) * 1000, 2),
+        "sink_stall_p95_ms": round(percentile(writer_waits, 0.95) * 1000, 2),
         "sink_stall_max_ms": round(max(writer_waits, default=0.0) * 1000, 2),
         "reader_queries": len(reader_waits),
         "sink_mean_stall_ms": round(statistics.fmean(writer_waits) * 1000, 2) if writer_waits else 0.0,

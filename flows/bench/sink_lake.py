@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.bench.sink import _broker, _pct, _raw_consume
+from prmloop.flows.bench.sink import bench_broker, percentile, raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
@@ -42,7 +42,7 @@ def bench_sink_lake(
     if sinks < 1:
         raise ValueError(f"--sinks must be at least 1, got {sinks}")
     events = synthetic_events(n, seed=7)
-    with _broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-lake-") as tmp:
+    with bench_broker() as servers, tempfile.TemporaryDirectory(prefix="prmloop-bench-lake-") as tmp:
         ensure_topics(servers)
         server = local_postgres(Path(tmp) / "pg")
         try:
@@ -51,7 +51,7 @@ def bench_sink_lake(
             with EventProducer(servers, linger_ms=20) as producer:
                 for i in range(0, n, 5000):
                     producer.publish(events[i : i + 5000])
-            raw_s = _raw_consume(servers, n, group=f"bench-raw-{time.time_ns()}")
+            raw_s = raw_consume(servers, n, group=f"bench-raw-{time.time_ns()}")
 
             group = f"bench-lake-{time.time_ns()}"
             env = {
@@ -127,8 +127,8 @@ def bench_sink_lake(
         "sink_to_raw_ratio": round(steady / raw_eps, 3),
         "first_event_after_s": round(first[0] - started, 1),
         "polls_while_writing": len(writing),
-        "reader_query_p50_ms": round(_pct(writing, 0.5), 1),
-        "reader_query_p95_ms": round(_pct(writing, 0.95), 1),
+        "reader_query_p50_ms": round(percentile(writing, 0.5), 1),
+        "reader_query_p95_ms": round(percentile(writing, 0.95), 1),
         "reader_wait_ms": 0.0,
         **latency,
         "stored_events": int(visible[0]),
@@ -182,8 +182,8 @@ def _latency(servers: str, store: LakeStore, rate: int, seconds: float) -> dict[
     latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
     return {
         "latency_rate_eps": round(achieved, 1),
-        "p50_latency_ms": round(_pct(latencies, 0.5), 1),
-        "p95_latency_ms": round(_pct(latencies, 0.95), 1),
+        "p50_latency_ms": round(percentile(latencies, 0.5), 1),
+        "p95_latency_ms": round(percentile(latencies, 0.95), 1),
         "latency_events_seen": len(latencies),
         "latency_events_sent": len(sent_at),
     }

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+from prmloop.models.backends.stopping import StopInCompletion, first_stop
 
 if TYPE_CHECKING:
     import torch
@@ -61,45 +62,6 @@ class _SampledTokenLogprobs:
         if not self.steps:
             return torch.zeros((sequences.shape[0], 0))
         return torch.stack(self.steps, dim=1)
-
-
-class _StopInCompletion:
-    """Stopping criterion: a row is done when its *generated* text contains a stop string, or (with
-    ``at_answer``) states its final answer (:func:`~prmloop.models.answers.answer_end`).
-
-    transformers' own ``stop_strings`` also match a stop string that straddles the end of the prompt,
-    which vLLM and OpenAI-compatible servers do not; this one looks only after ``prompt_width``.
-    For stop strings only a window of recent tokens is decoded per step (enough for the longest one);
-    the answer check decodes each unfinished row's whole completion.
-    """
-
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int, at_answer: bool = False
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.stops = tuple(stops)
-        self.prompt_width = prompt_width
-        self.window = max((len(stop) for stop in stops), default=0) + 8
-        self.at_answer = at_answer
-        self._answered: set[int] = set()
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        from prmloop.models.answers import answer_end
-
-        torch = _torch()
-        done = [False] * input_ids.shape[0]
-        if self.stops:
-            start = max(self.prompt_width, input_ids.shape[1] - self.window)
-            tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
-            done = [any(stop in tail for stop in self.stops) for tail in tails]
-        if self.at_answer:
-            rows = [r for r in range(input_ids.shape[0]) if not done[r] and r not in self._answered]
-            texts = self.tokenizer.batch_decode(input_ids[rows, self.prompt_width :], skip_special_tokens=True)
-            for r, text in zip(rows, texts, strict=True):
-                if answer_end(text) is not None:
-                    self._answered.add(r)
-            done = [d or r in self._answered for r, d in enumerate(done)]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def _quiet_gguf_progress() -> None:
@@ -362,7 +324,7 @@ class TransformersBackend:
             from transformers import StoppingCriteriaList
 
             kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [_StopInCompletion(self.tokenizer, params.stop, prompt_width, at_answer=params.stop_at_answer)]
+                [StopInCompletion(self.tokenizer, params.stop, prompt_width, at_answer=params.stop_at_answer)]
             )
         return kwargs
 
@@ -434,7 +396,7 @@ class TransformersBackend:
             # (generation pads finished rows, so later tokens are not samples).
             for k in range(1, end + 1):
                 text = str(self.tokenizer.decode(tokens[:k], skip_special_tokens=True))
-                hit = _first_stop(text, params.stop)
+                hit = first_stop(text, params.stop)
                 if hit is not None:
                     end, finish, stop_reason = k, "stop", hit
                     break
@@ -512,13 +474,3 @@ def _neutral_generation_config(config: Any) -> Any:
         pad_token_id=config.pad_token_id,
         decoder_start_token_id=config.decoder_start_token_id,
     )
-
-
-def _first_stop(text: str, stops: Sequence[str]) -> str | None:
-    """The stop string that occurs earliest in ``text`` (``None`` if none does)."""
-    best: tuple[int, str] | None = None
-    for stop in stops:
-        index = text.find(stop)
-        if index >= 0 and (best is None or index < best[0]):
-            best = (index, stop)
-    return None if best is None else best[1]

@@ -12,7 +12,8 @@ from prmloop.models.annotation.completer import GeneratorCompleter
 from prmloop.models.answers import answer_end, extract_answer
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.openai_backend import _cut_at_answer
-from prmloop.models.backends.transformers_backend import TransformersBackend, _StopInCompletion
+from prmloop.models.backends.stopping import StopInCompletion
+from prmloop.models.backends.transformers_backend import TransformersBackend
 
 
 @pytest.mark.parametrize(
@@ -65,9 +66,9 @@ def test_the_local_engine_stops_a_row_once_it_states_its_answer(tiny_backend: Tr
     width = max(len(answered), len(open_box))
     pad = tok.pad_token_id
     rows = torch.tensor([answered + [pad] * (width - len(answered)), open_box + [pad] * (width - len(open_box))])
-    criterion = _StopInCompletion(tok, (), len(prompt), at_answer=True)
+    criterion = StopInCompletion(tok, (), len(prompt), at_answer=True)
     assert criterion(rows, torch.zeros(1)).tolist() == [True, False]
-    without = _StopInCompletion(tok, ("\n\n",), len(prompt))
+    without = StopInCompletion(tok, ("\n\n",), len(prompt))
     assert without(rows, torch.zeros(1)).tolist() == [False, False]
 
 
