@@ -1,7 +1,7 @@
 """The store sink: the only process that writes the store (on a DuckLake: the sinks, any number).
 
 It reads every event topic, and for each batch runs one transaction that inserts the events
-(``INSERT OR IGNORE`` by ``event_id``, from an Arrow table), records conflicting duplicates (same
+(only event ids not stored yet, from an Arrow table), records conflicting duplicates (same
 ``event_id``, other content) in ``conflicts``, and records the consumed offsets; the offsets are
 committed to Kafka only after that transaction. Records that can never be stored (undecodable,
 above the limits, an event on another type's topic) go to ``<topic>.dlq`` through the runtime.
