@@ -104,7 +104,8 @@ def variants() -> dict[str, AnnotationStrategy]:
     the same two searches under adaptive binary search's rule (``@relative``: ``MC(s_t) <= 0.5
     MC(s_0)``, as many rollouts per state as ``s_0`` took), so that accuracy differences between
     searches come from the search alone; the papers' two MC-PPL searches with sequential stopping
-    (``+stop``); and the probabilistic bisection (its own rule is the relative one, with stopping).
+    (``+stop``); and the probabilistic bisection (its own rule is the relative one, with stopping),
+    also without its boundary check (``@no_check``, probes settled at 98 % as ``+stop``).
     """
     stop = BISECTION_STOPPING
     relative = StateTest("relative")
@@ -119,6 +120,7 @@ def variants() -> dict[str, AnnotationStrategy]:
         "adaptive_binary+stop": make_strategy("adaptive_binary", stopping=stop),
         "uncertainty_driven+stop": make_strategy("uncertainty_driven", stopping=stop),
         "bisection": make_strategy("bisection"),
+        "bisection@no_check": make_strategy("bisection", stopping=stop, check=None),
         "bisection@paper_s0": make_strategy("bisection", sampling=ADAPTIVE_SAMPLING),
     }
 
@@ -136,6 +138,9 @@ def rule_of(strategy: AnnotationStrategy) -> str:
     if stopping:
         stop = f"batch {stopping['batch']}, confidence {stopping['confidence']}, at most {stopping['n_max']}"
         base += f", sequential stop ({stop})"
+    check = params.get("check")
+    if check:
+        base += f"; answer's two states re-settled at {check['confidence']} (at most {check['n_max']})"
     return base
 
 
@@ -144,6 +149,7 @@ SWEEP_STRATEGIES = (
     "uncertainty_driven",
     "adaptive_binary+stop",
     "bisection",
+    "bisection@no_check",
     "bisection@paper_s0",
 )
 

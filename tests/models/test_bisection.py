@@ -141,3 +141,38 @@ def test_baselines_take_the_relative_rule_and_the_stop_without_changing_old_para
         ).first_error_step
         == 3
     )
+
+
+class MisleadingCompleter:
+    """Every rollout from a state reaches the answer iff the state is before ``error``, except the first
+    call from the state through ``liar + 1`` steps: all of its rollouts fail (an unlucky first batch)."""
+
+    name = "misleading"
+
+    def __init__(self, error: int, liar: int) -> None:
+        self.error, self.liar = error, liar
+        self.lied = False
+        self.calls: list[tuple[int, int]] = []
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        self.calls.append((len(steps), n))
+        good = len(steps) <= self.error  # the state through steps 0..error-1
+        if len(steps) == self.liar + 1 and not self.lied:
+            self.lied, good = True, False
+        return [Rollout(GOLD if good else "0", 5, -2.5) for _ in range(n)]
+
+
+def test_the_boundary_check_overturns_an_unlucky_verdict_and_the_search_goes_on() -> None:
+    # Error at step 3 of 6. The state through step 1 is good, but its first batch of 4 all fail: under
+    # Beta(1, 1) that is P(p <= 0.5) = 1 - 0.5^5 = 0.97 >= 0.9, settled bad at the probes' confidence.
+    # Without the check the search ends on that false boundary (step 1); the check at 99.5 % needs more
+    # than one batch, the state's later rollouts all succeed, its verdict flips and the search finds step 3.
+    no_check = annotate(_solution(6), ProbabilisticBisection(check=None), [MisleadingCompleter(3, 1)])
+    checked_completer = MisleadingCompleter(3, 1)
+    checked = annotate(_solution(6), ProbabilisticBisection(), [checked_completer])
+    assert no_check.first_error_step == 1
+    assert checked.first_error_step == 3
+    assert checked.cost.rollouts > no_check.cost.rollouts
+    # Without an unlucky batch the check only re-settles what is already certain: the same answer.
+    honest = annotate(_solution(6), ProbabilisticBisection(), [MisleadingCompleter(3, liar=99)])
+    assert honest.first_error_step == 3
