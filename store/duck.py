@@ -22,7 +22,15 @@ from typing import Any, TypeAlias
 import duckdb
 import pyarrow as pa
 
-from prmloop.store.lake import LakeEventStore, LakeStore, is_lake_spec, open_lake, parse_lake
+from prmloop.store.lake import (
+    CONFLICT_COLUMNS_SQL,
+    EVENT_COLUMNS_SQL,
+    LakeEventStore,
+    LakeStore,
+    is_lake_spec,
+    open_lake,
+    parse_lake,
+)
 
 #: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/lake.py).
 StoreLocation: TypeAlias = Path | str | LakeStore
@@ -61,34 +69,12 @@ SCHEMA_SQL = """
 -- grew (measured: 0.2 s per 5,000 events at first, 0.7 s at 100,000 stored). The single writer inserts
 -- only event ids no stored row has (an anti-join in the same transaction): the same guarantee.
 CREATE TABLE IF NOT EXISTS events (
-    event_id UUID NOT NULL,
-    event_type VARCHAR NOT NULL,
-    schema_version INTEGER NOT NULL,
-    occurred_at TIMESTAMPTZ NOT NULL,
-    producer VARCHAR NOT NULL,
-    causation_id UUID,
-    correlation_id VARCHAR NOT NULL,
-    payload JSON NOT NULL,
-    topic VARCHAR,
-    kafka_partition INTEGER,
-    kafka_offset BIGINT,
-    ingested_at TIMESTAMPTZ NOT NULL
+{events}
 );
 -- Records whose event_id was already stored with other content (or lost to another record of the
 -- same batch): never silently dropped. One row per distinct conflicting version of an event.
 CREATE TABLE IF NOT EXISTS conflicts (
-    event_id UUID NOT NULL,
-    event_type VARCHAR,
-    topic VARCHAR,
-    kafka_partition INTEGER,
-    kafka_offset BIGINT,
-    body VARCHAR NOT NULL,
-    body_sha256 VARCHAR NOT NULL,
-    stored_sha256 VARCHAR NOT NULL,
-    stored_topic VARCHAR,
-    stored_partition INTEGER,
-    stored_offset BIGINT,
-    detected_at TIMESTAMPTZ NOT NULL,
+{conflicts},
     PRIMARY KEY (event_id, body_sha256)
 );
 CREATE TABLE IF NOT EXISTS sink_offsets (
@@ -98,7 +84,7 @@ CREATE TABLE IF NOT EXISTS sink_offsets (
     updated_at TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (topic, kafka_partition)
 );
-"""
+""".format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
 #: What ``prmloop sql`` accepts; anything else (INSERT, COPY, ATTACH, SET, PRAGMA, CALL, ...) is refused.
 READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})

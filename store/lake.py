@@ -47,8 +47,9 @@ T = TypeVar("T")
 
 _BASE_CONFIG: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
-SCHEMA_SQL = """
-CREATE TABLE IF NOT EXISTS events_log (
+#: The columns of a stored event and of a conflict row, the same on both stores (store/duck.py adds its
+#: keys; the lake has none).
+EVENT_COLUMNS_SQL = """
     event_id UUID NOT NULL,
     event_type VARCHAR NOT NULL,
     schema_version INTEGER NOT NULL,
@@ -60,10 +61,8 @@ CREATE TABLE IF NOT EXISTS events_log (
     topic VARCHAR,
     kafka_partition INTEGER,
     kafka_offset BIGINT,
-    ingested_at TIMESTAMPTZ NOT NULL,
-    writer VARCHAR
-);
-CREATE TABLE IF NOT EXISTS conflicts (
+    ingested_at TIMESTAMPTZ NOT NULL"""
+CONFLICT_COLUMNS_SQL = """
     event_id UUID NOT NULL,
     event_type VARCHAR,
     topic VARCHAR,
@@ -75,7 +74,15 @@ CREATE TABLE IF NOT EXISTS conflicts (
     stored_topic VARCHAR,
     stored_partition INTEGER,
     stored_offset BIGINT,
-    detected_at TIMESTAMPTZ NOT NULL
+    detected_at TIMESTAMPTZ NOT NULL"""
+
+SCHEMA_SQL = """
+CREATE TABLE IF NOT EXISTS events_log (
+{events},
+    writer VARCHAR
+);
+CREATE TABLE IF NOT EXISTS conflicts (
+{conflicts}
 );
 CREATE TABLE IF NOT EXISTS sink_offsets_log (
     topic VARCHAR NOT NULL,
@@ -92,7 +99,7 @@ QUALIFY row_number() OVER (PARTITION BY event_id ORDER BY ingested_at, topic, ka
 CREATE OR REPLACE VIEW sink_offsets AS
 SELECT topic, kafka_partition, max(next_offset) AS next_offset, max(updated_at) AS updated_at
 FROM sink_offsets_log GROUP BY ALL;
-"""
+""".format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
 
 class LakeError(TransientError):

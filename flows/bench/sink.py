@@ -51,6 +51,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def latency_summary(sent_at: dict[str, float], seen_at: dict[str, float], achieved_eps: float) -> dict[str, Any]:
+    """Publish-to-queryable percentiles of the events a reader saw (times in the same clock)."""
+    latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
+    return {
+        "latency_rate_eps": round(achieved_eps, 1),
+        "p50_latency_ms": round(percentile(latencies, 0.5), 1),
+        "p95_latency_ms": round(percentile(latencies, 0.95), 1),
+        "latency_events_seen": len(latencies),
+        "latency_events_sent": len(sent_at),
+    }
+
+
 def raw_consume(servers: str, n: int, group: str) -> float:
     """Seconds for a bare kafka-python consumer (same settings as the runtime) to read ``n`` records,
     set-up and close included, as they are in the sink's figure."""
@@ -300,13 +312,8 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
     reader_thread.join(timeout=60)
     runtime.stop()
     sink_thread.join(timeout=60)
-    latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
     return {
-        "latency_rate_eps": round(achieved, 1),
-        "p50_latency_ms": round(percentile(latencies, 0.5), 1),
-        "p95_latency_ms": round(percentile(latencies, 0.95), 1),
-        "latency_events_seen": len(latencies),
-        "latency_events_sent": len(sent_at),
+        **latency_summary(sent_at, seen_at, achieved),
         "reader_wait_p50_ms": round(percentile(reader_waits, 0.5) * 1000, 2),
         "reader_wait_p95_ms": round(percentile(reader_waits, 0.95) * 1000, 2),
         "reader_wait_max_ms": round(max(reader_waits, default=0.0) * 1000, 2),

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.bench.sink import bench_broker, percentile, raw_consume
+from prmloop.flows.bench.sink import bench_broker, latency_summary, percentile, raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
@@ -179,11 +179,4 @@ def _latency(servers: str, store: LakeStore, rate: int, seconds: float) -> dict[
         achieved = len(events) / (time.perf_counter() - start)
     stop.set()
     thread.join(timeout=90)
-    latencies = [(seen_at[k] - sent_at[k]) * 1000 for k in sent_at if k in seen_at]
-    return {
-        "latency_rate_eps": round(achieved, 1),
-        "p50_latency_ms": round(percentile(latencies, 0.5), 1),
-        "p95_latency_ms": round(percentile(latencies, 0.95), 1),
-        "latency_events_seen": len(latencies),
-        "latency_events_sent": len(sent_at),
-    }
+    return latency_summary(sent_at, seen_at, achieved)
