@@ -74,7 +74,16 @@ def eval_annotate(settings: EvalAnnotateSettings) -> None:
             soft_wrap=True,
         ),
     )
+    _write_report(settings, summary)
     typer.echo(json.dumps(summary))
+
+
+def _write_report(settings: EvalAnnotateSettings, summary: dict[str, object]) -> None:
+    """The whole report (every solution) as JSON at ``--out``, when given."""
+    if settings.out is not None:
+        settings.out.parent.mkdir(parents=True, exist_ok=True)
+        settings.out.write_text(json.dumps(summary, indent=1))
+        err.print(f"report: {settings.out}")
 
 
 def _eval_annotate_arith(settings: EvalAnnotateSettings) -> None:
@@ -107,10 +116,7 @@ def _eval_annotate_arith(settings: EvalAnnotateSettings) -> None:
         strategies=settings.strategies,
         progress=progress,
     )
-    if settings.out is not None:
-        settings.out.parent.mkdir(parents=True, exist_ok=True)
-        settings.out.write_text(json.dumps(summary, indent=1))
-        err.print(f"report: {settings.out}")
+    _write_report(settings, summary)
     summary.pop("per_solution")
     typer.echo(json.dumps(summary))
 

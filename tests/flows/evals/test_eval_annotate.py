@@ -32,3 +32,23 @@ def test_one_solution_is_searched_with_the_configured_sample_counts(
     [row] = summary["per_solution"]
     assert row["status"] == "unresolved" and row["rollouts"] == 2 and summary["first_error_accuracy"] is None
     assert summary["sampling"]["n_max"] == 2 and summary["generated_tokens"] > 0
+
+
+def test_the_command_writes_the_whole_report_to_out(
+    shared_data_dir: Path, tiny_backend_config: BackendConfig, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+
+    out = tmp_path / "reports" / "pb.json"
+    args = ["eval", "annotate", "--file", str(shared_data_dir / "processbench" / "gsm8k.json"), "--limit", "1"]
+    args += ["--backend", tiny_backend_config.backend, "--model", str(tiny_backend_config.model)]
+    args += ["--n0", "2", "--n-min", "1", "--n-max", "2", "--max-new-tokens", "8", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout.strip().splitlines()[-1])
+    written = json.loads(out.read_text())
+    assert written == printed and written["per_solution"][0]["rollouts"] == 2
