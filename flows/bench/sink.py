@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,24 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def publish_paced(servers: str, events: Sequence[Envelope], rate: int, sent_at: dict[str, float]) -> float:
+    """Publish ``events`` at ``rate`` per second in 20 ticks a second, noting each event's send time
+    (``time.perf_counter``) in ``sent_at``; returns the rate achieved."""
+    with EventProducer(servers, linger_ms=0) as producer:
+        per_tick = max(1, rate // 20)
+        start = time.perf_counter()
+        for i in range(0, len(events), per_tick):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            chunk = events[i : i + per_tick]
+            t = time.perf_counter()
+            for e in chunk:
+                sent_at[str(e.event_id)] = t
+            producer.publish(chunk)
+        return len(events) / (time.perf_counter() - start)
 
 
 def latency_summary(sent_at: dict[str, float], seen_at: dict[str, float], achieved_eps: float) -> dict[str, Any]:
@@ -293,20 +311,7 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
     stop_time = [0.0]
     reader_thread = threading.Thread(target=reader, daemon=True)
     reader_thread.start()
-    with EventProducer(servers, linger_ms=0) as producer:
-        per_tick = max(1, rate // 20)
-        start = time.perf_counter()
-        for i in range(0, len(events), per_tick):
-            target = start + i / rate
-            delay = target - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            chunk = events[i : i + per_tick]
-            t = time.perf_counter()
-            for e in chunk:
-                sent_at[str(e.event_id)] = t
-            producer.publish(chunk)
-        achieved = len(events) / (time.perf_counter() - start)
+    achieved = publish_paced(servers, events, rate, sent_at)
     stop_time[0] = time.time()
     stop.set()
     reader_thread.join(timeout=60)

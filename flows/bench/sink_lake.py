@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.bench.sink import bench_broker, latency_summary, percentile, raw_consume
+from prmloop.flows.bench.sink import bench_broker, latency_summary, percentile, publish_paced, raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
@@ -164,19 +164,7 @@ def _latency(servers: str, store: LakeStore, rate: int, seconds: float) -> dict[
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    with EventProducer(servers, linger_ms=0) as producer:
-        per_tick = max(1, rate // 20)
-        start = time.perf_counter()
-        for i in range(0, len(events), per_tick):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            chunk = events[i : i + per_tick]
-            t = time.perf_counter()
-            for e in chunk:
-                sent_at[str(e.event_id)] = t
-            producer.publish(chunk)
-        achieved = len(events) / (time.perf_counter() - start)
+    achieved = publish_paced(servers, events, rate, sent_at)
     stop.set()
     thread.join(timeout=90)
     return latency_summary(sent_at, seen_at, achieved)
