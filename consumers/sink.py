@@ -23,6 +23,7 @@ from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
 from prmloop.store.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
 from prmloop.store.lake import LakeEventStore, LakeStore
+from prmloop.store.records import collected_between_batches
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import EVENT_TOPICS
 
@@ -65,11 +66,17 @@ class Sink:
     """The batch handler: one DuckDB transaction per batch."""
 
     def __init__(
-        self, store: EventStore | LakeEventStore, on_write: Callable[[WriteResult], None] | None = None
+        self,
+        store: EventStore | LakeEventStore,
+        on_write: Callable[[WriteResult], None] | None = None,
+        *,
+        after_batch: Callable[[], object] | None = None,
     ) -> None:
         self.store = store
         self.stats = SinkStats()
         self.on_write = on_write
+        #: Called once the batch is stored (run_sink: a garbage collection, see collected_between_batches).
+        self.after_batch = after_batch
 
     def __call__(self, batch: list[ConsumedEvent]) -> None:
         next_offsets: dict[tuple[str, int], int] = {}
@@ -87,6 +94,8 @@ class Sink:
         self.stats.write_s.append(result.write_s)
         if self.on_write is not None:
             self.on_write(result)
+        if self.after_batch is not None:
+            self.after_batch()
 
 
 def run_sink(
@@ -123,8 +132,11 @@ def run_sink(
     )
     t0 = time.monotonic()
     try:
-        stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
+        with collected_between_batches() as collect:
+            sink.after_batch = collect
+            stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
     finally:
+        sink.after_batch = None
         store.close()
     log.info(
         "sink stopped after %.1fs: %d inserted of %d, %d conflicts, %d dead-lettered",

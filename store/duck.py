@@ -157,23 +157,27 @@ def content_sql(alias: str) -> str:
     )
 
 
-_STAGE_SQL = """
-CREATE OR REPLACE TEMP TABLE staged AS
-SELECT CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
+#: One consumed record as a stored row (the event's columns; the payload cut out of the body by DuckDB).
+_ROW_SQL = """CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
        CAST(causation_id AS UUID) AS causation_id, correlation_id,
-       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset, body,
-       {rank} AS rn
-FROM incoming
-"""
+       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset"""
+
+_STAGE_SQL = "CREATE OR REPLACE TEMP TABLE staged AS SELECT " + _ROW_SQL + ", body, {rank} AS rn FROM incoming"
 _RANK_DUPLICATES = "row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset)"
 
 
-def stage_sql(rows: pa.Table) -> str:
-    """The staging statement; the window that ranks repeated event ids only when the batch repeats one
-    (counted in Arrow: the window is a fifth of the write time otherwise)."""
+def ids_unique(rows: pa.Table) -> bool:
+    """No event id occurs twice in ``rows`` (counted in Arrow)."""
     import pyarrow.compute as pc
 
-    unique = pc.count_distinct(rows.column("event_id")).as_py() == rows.num_rows
+    return bool(pc.count_distinct(rows.column("event_id")).as_py() == rows.num_rows)
+
+
+def stage_sql(rows: pa.Table, *, unique: bool | None = None) -> str:
+    """The staging statement; the window that ranks repeated event ids only when the batch repeats one
+    (the window is a fifth of the write time otherwise)."""
+    if unique is None:
+        unique = ids_unique(rows)
     return _STAGE_SQL.format(rank="1" if unique else _RANK_DUPLICATES)
 
 
@@ -183,6 +187,16 @@ SELECT s.event_id, s.event_type, s.schema_version, s.occurred_at, s.producer, s.
        s.payload, s.topic, s.kafka_partition, s.kafka_offset, ?
 FROM staged s
 WHERE s.rn = 1 AND s.event_id NOT IN (SELECT event_id FROM events WHERE event_id IN (SELECT event_id FROM staged))
+"""
+
+# A batch without repeated ids (nearly all) goes straight from Arrow into the table: staging it first
+# copied every body once more (measured: a third of the write).
+_DIRECT_INSERT_SQL = f"""
+INSERT INTO events
+SELECT {_ROW_SQL}, ?
+FROM incoming
+WHERE CAST(event_id AS UUID) NOT IN (
+    SELECT event_id FROM events WHERE event_id IN (SELECT CAST(event_id AS UUID) FROM incoming))
 """
 
 # After the insert every staged event_id has exactly one stored row: a pre-existing one, or the
@@ -251,15 +265,19 @@ class EventStore:
             try:
                 con.register("incoming", rows)
                 con.register("incoming_offsets", off)
-                before = _count(con)
-                con.execute(stage_sql(rows))
-                con.execute(_INSERT_SQL, [now])
-                inserted = _count(con) - before
+                unique = ids_unique(rows)
+                if unique:
+                    inserted = _changed(con.execute(_DIRECT_INSERT_SQL, [now]))
+                else:
+                    con.execute(stage_sql(rows, unique=False))
+                    inserted = _changed(con.execute(_INSERT_SQL, [now]))
                 if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare content
+                    if unique:
+                        con.execute(stage_sql(rows, unique=True))
                     con_before = _count(con, "conflicts")
                     con.execute(_CONFLICTS_SQL, [now])
                     conflicts = _count(con, "conflicts") - con_before
-                con.execute("DROP TABLE staged")
+                con.execute("DROP TABLE IF EXISTS staged")
                 con.execute(
                     "INSERT OR REPLACE INTO sink_offsets SELECT topic, kafka_partition, next_offset, ? "
                     "FROM incoming_offsets",
@@ -280,6 +298,12 @@ class EventStore:
 
     def close(self) -> None:
         """Nothing held between batches (the file is opened per batch)."""
+
+
+def _changed(result: duckdb.DuckDBPyConnection) -> int:
+    """The row count an INSERT reports."""
+    row = result.fetchone()
+    return int(row[0]) if row else 0
 
 
 def _count(con: duckdb.DuckDBPyConnection, table: str = "events") -> int:

@@ -63,6 +63,12 @@ def json_depth_exceeds(raw: bytes, max_depth: int) -> int | None:
     brackets deleted, then innermost ``{}`` pairs peeled off one level per pass. Malformed input
     gets an upper bound (the parser rejects it afterwards anyway); well-formed input its exact depth.
     """
+    # Fast path: every level of nesting opens with its own bracket, so a record with no more opening
+    # brackets than the limit (brackets inside strings counted too) cannot be deeper. Nearly every
+    # event takes it: a token log-prob array is one bracket. Two byte counts instead of the scan below
+    # (measured on the sink's events: 10 us per event for the scan, a quarter of decoding).
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return None
     # Backslash pairs first, so an escaped backslash before a quote does not hide the quote.
     unescaped = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     outside_strings = b"".join(unescaped.split(b'"')[0::2])

@@ -4,7 +4,8 @@ garbage-collector pause that makes decoding batches cheap."""
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from prmloop.store.events import Envelope
 from prmloop.store.poison import one_line
 from prmloop.store.topics import DLQ_SUFFIX
 
-__all__ = ["ConsumedEvent", "Decoded", "decode_record", "paused_gc"]
+__all__ = ["ConsumedEvent", "Decoded", "collected_between_batches", "decode_record", "paused_gc"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,41 @@ def paused_gc() -> Iterator[None]:
     try:
         yield
     finally:
+        if was_enabled:
+            gc.enable()
+
+
+@contextmanager
+def collected_between_batches(every_s: float = 10.0) -> Iterator[Callable[[], bool]]:
+    """A batch service's garbage-collection policy: no automatic collection; the function yielded,
+    called after each batch, runs one full collection if ``every_s`` seconds have passed since the last.
+
+    Automatic collection walks every young object at each of its runs, and while a batch is in flight
+    its thousands of decoded objects are all young and all alive: measured on the sink, it halved the
+    rate (about 3,300 events/s against 6,200-7,200 with collection off). A collection walks every item
+    of every live tuple (a solution's token log-probs: hundreds), so one costs 150-350 ms with two
+    batches in memory, whether it runs after one batch or after fifty: hence a time interval. Everything
+    alive when the block starts (modules, schemas, clients) is frozen out of the collections; cycles
+    are still freed, at most ``every_s`` late. Restored on exit.
+    """
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    last = time.monotonic()
+
+    def maybe_collect() -> bool:
+        nonlocal last
+        if time.monotonic() - last < every_s:
+            return False
+        gc.collect()
+        last = time.monotonic()
+        return True
+
+    try:
+        yield maybe_collect
+    finally:
+        gc.unfreeze()
         if was_enabled:
             gc.enable()
 

@@ -7,6 +7,8 @@ import json
 import uuid
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prmloop.store.codec import (
     DecodeError,
@@ -84,6 +86,34 @@ def test_the_depth_scan_matches_the_real_depth(text: str) -> None:
     assert json_depth_exceeds(text.encode(), real) is None
     if real:
         assert json_depth_exceeds(text.encode(), real - 1) == real
+
+
+def _real_depth(v: object) -> int:
+    if isinstance(v, dict):
+        return 1 + max((_real_depth(x) for x in v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max((_real_depth(x) for x in v), default=0)
+    return 0
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(alphabet='[]{}"\\ab'),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(alphabet='[]{}"\\k'), inner, max_size=4),
+    max_leaves=40,
+)
+
+
+@given(_JSON_VALUES, st.integers(min_value=0, max_value=12))
+def test_the_depth_check_agrees_with_the_parsed_depth_on_either_path(value: object, limit: int) -> None:
+    """Small limits take the bracket scan, large ones the bracket-count shortcut: both must agree
+    with the depth of the parsed value (brackets inside strings never count)."""
+    raw = json.dumps(value).encode()
+    real = _real_depth(value)
+    found = json_depth_exceeds(raw, limit)
+    if real <= limit:
+        assert found is None
+    else:
+        assert found is not None and found > limit
 
 
 def test_an_oversized_record_is_refused_by_size_first() -> None:
