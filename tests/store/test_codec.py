@@ -70,30 +70,23 @@ def test_brackets_inside_strings_do_not_count() -> None:
     assert event.payload.problem == problem
 
 
-@pytest.mark.parametrize(
-    "text",
-    ["[]", "{}", "1", '"[[["', '{"a":[{"b":[[]]}]}', '[[1,[2,[3]]],{"x":{"y":{}}}]', '["\\\\", "\\"[", {"k]": []}]'],
-)
-def test_the_depth_scan_matches_the_real_depth(text: str) -> None:
-    def depth(v: object) -> int:
-        if isinstance(v, dict):
-            return 1 + max((depth(x) for x in v.values()), default=0)
-        if isinstance(v, list):
-            return 1 + max((depth(x) for x in v), default=0)
-        return 0
-
-    real = depth(json.loads(text))
-    assert json_depth_exceeds(text.encode(), real) is None
-    if real:
-        assert json_depth_exceeds(text.encode(), real - 1) == real
-
-
 def _real_depth(v: object) -> int:
     if isinstance(v, dict):
         return 1 + max((_real_depth(x) for x in v.values()), default=0)
     if isinstance(v, list):
         return 1 + max((_real_depth(x) for x in v), default=0)
     return 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[]", "{}", "1", '"[[["', '{"a":[{"b":[[]]}]}', '[[1,[2,[3]]],{"x":{"y":{}}}]', '["\\\\", "\\"[", {"k]": []}]'],
+)
+def test_the_depth_scan_matches_the_real_depth(text: str) -> None:
+    real = _real_depth(json.loads(text))
+    assert json_depth_exceeds(text.encode(), real) is None
+    if real:
+        assert json_depth_exceeds(text.encode(), real - 1) == real
 
 
 _JSON_VALUES = st.recursive(
