@@ -3,35 +3,27 @@ out-of-order delivery. The store must end equal to what was published: nothing l
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from prmloop.consumers.sink import run_sink
-from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.codec import encode_event
 from prmloop.store.consumer import RuntimeStats
 from prmloop.store.duck import StoreLocked, query
-from prmloop.store.events import Envelope, StepsLabeled, make_event
+from prmloop.store.events import StepsLabeled, make_event
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import Outbox, segment_summary
 from prmloop.store.reconcile import reconcile
 
-
-def fresh_events(n: int, seed: int) -> list[Envelope]:
-    """Synthetic events with ids no other test uses (the session broker is shared)."""
-    return [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(n, seed=seed)]
+if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
+    from conftest import SinkTools
 
 
 def stored_ids(db: Path, ids: list[uuid.UUID]) -> set[uuid.UUID]:
@@ -45,45 +37,11 @@ def stored_ids(db: Path, ids: list[uuid.UUID]) -> set[uuid.UUID]:
     return {r[0] for r in rows}
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def sink_process(servers: str, db: Path, group: str, home: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": servers, "PRMLOOP_HOME": str(home)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "prmloop.flows.cli", "sink", "--db", str(db), "--group", group, "--max-batch", "500"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def wait_started(proc: subprocess.Popen[bytes]) -> None:
-    """Block until the sink process announced itself (imports done, about to consume)."""
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith(b"sink:"), line
-
-
-def assert_store_equals(db: Path, events: list[Envelope]) -> None:
-    ids = ",".join(f"'{e.event_id}'" for e in events)
-    rows = query(db, f"SELECT event_id, payload FROM events WHERE event_id IN ({ids})").rows
-    assert len(rows) == len(events), f"{len(events) - len(rows)} events lost"
-    stored = {r[0]: json.loads(r[1]) for r in rows}
-    for e in events:
-        assert stored[e.event_id] == json.loads(encode_event(e))["payload"]
-
-
 @pytest.mark.slow
 def test_sink_killed_twenty_times_while_events_flow_loses_and_duplicates_nothing(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, sink_tools: type[SinkTools]
 ) -> None:
-    events = fresh_events(4000, seed=101)
+    events = sink_tools.fresh_events(4000, seed=101)
     db = tmp_path / "store.duckdb"
     group = f"sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(5)
@@ -98,29 +56,29 @@ def test_sink_killed_twenty_times_while_events_flow_loses_and_duplicates_nothing
     publisher.start()
     kills = 0
     while kills < 20:
-        proc = sink_process(kafka_bootstrap, db, group, tmp_path)
-        wait_started(proc)
+        proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)
         time.sleep(rng.uniform(0.05, 1.5))
         proc.kill()
         proc.wait(timeout=30)
         kills += 1
     publisher.join()
 
-    proc = sink_process(kafka_bootstrap, db, group, tmp_path)
-    wait_started(proc)
+    proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)
     ids = [e.event_id for e in events]
-    wait_for(lambda: len(stored_ids(db, ids)) == len(ids), 120, "the restarted sink to catch up")
+    sink_tools.wait_for(lambda: len(stored_ids(db, ids)) == len(ids), 120, "the restarted sink to catch up")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out.decode()
     assert b"sink stopped" in out
-    assert_store_equals(db, events)
+    sink_tools.assert_store_equals(db, events)
     counts = query(db, "SELECT count(*), count(DISTINCT event_id) FROM events").rows[0]
     assert counts[0] == counts[1]
 
 
-def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(kafka_bootstrap: str, tmp_path: Path) -> None:
-    events = fresh_events(200, seed=102)
+def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(
+    kafka_bootstrap: str, tmp_path: Path, sink_tools: type[SinkTools]
+) -> None:
+    events = sink_tools.fresh_events(200, seed=102)
     solutions = [e for e in events if e.event_type == "SolutionSampled"]
     labels = [e for e in events if e.event_type == "StepsLabeled"]
     accepted = {e.correlation_id for e in events if e.event_type == "LabelsAccepted"}
@@ -153,11 +111,11 @@ def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(kafka_bo
     )
     t.start()
     try:
-        wait_for(lambda: len(stored_ids(db, ids)) == len(ids), 60, "the sink")
+        sink_tools.wait_for(lambda: len(stored_ids(db, ids)) == len(ids), 60, "the sink")
     finally:
         done.set()
         t.join(30)
-    assert_store_equals(db, expected)
+    sink_tools.assert_store_equals(db, expected)
     current = query(db, f"SELECT DISTINCT method FROM current_labels WHERE solution_id = '{sid}'").rows
     assert current == [("uncertainty_driven",)]
     n_steps = query(db, f"SELECT n_steps FROM solutions WHERE solution_id = '{sid}'").rows
@@ -180,10 +138,10 @@ def _sink_thread(servers: str, db: Path, group: str) -> tuple[threading.Thread, 
 
 
 @pytest.mark.slow
-def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path) -> None:
+def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path, sink_tools: type[SinkTools]) -> None:
     """Producers and the sink reconnect by themselves; what the restart lost, the outbox restores."""
     db = tmp_path / "store.duckdb"
-    batch_a, batch_b, batch_c, batch_d = (fresh_events(150, seed=s) for s in (201, 202, 203, 204))
+    batch_a, batch_b, batch_c, batch_d = (sink_tools.fresh_events(150, seed=s) for s in (201, 202, 203, 204))
     with EmbeddedBroker() as broker:
         servers = broker.bootstrap_servers
         ensure_topics(servers)
@@ -191,7 +149,7 @@ def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path)
 
         sink, stop, _ = _sink_thread(servers, db, "sink")
         producer.publish(batch_a)
-        wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_a])) == 150, 60, "batch A")
+        sink_tools.wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_a])) == 150, 60, "batch A")
         stop.set()
         sink.join(30)
 
@@ -201,17 +159,19 @@ def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path)
 
         sink, stop, _ = _sink_thread(servers, db, "sink")
         producer.publish(batch_c)  # the same producer object: it reconnected by itself
-        wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_c])) == 150, 60, "batch C")
+        sink_tools.wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_c])) == 150, 60, "batch C")
         assert stored_ids(db, [e.event_id for e in batch_b]) == set(), "batch B should have been lost"
 
         broker.restart()  # now with the sink running: it must reconnect without help
         ensure_topics(servers)
         producer.publish(batch_d)
-        wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_d])) == 150, 90, "batch D")
+        sink_tools.wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_d])) == 150, 90, "batch D")
 
         report = reconcile(servers, db, tmp_path / "outbox")
         assert report["republished"] == 150
-        wait_for(lambda: len(stored_ids(db, [e.event_id for e in batch_b])) == 150, 60, "batch B re-published")
+        sink_tools.wait_for(
+            lambda: len(stored_ids(db, [e.event_id for e in batch_b])) == 150, 60, "batch B re-published"
+        )
         stop.set()
         sink.join(30)
         producer.close()
@@ -220,4 +180,4 @@ def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path)
     assert again["republished"] == 0
     assert again["segments_removed"] == 1  # the producer closed, everything stored: compacted
     assert segment_summary(tmp_path / "outbox")["events"] == 0
-    assert_store_equals(db, [*batch_a, *batch_b, *batch_c, *batch_d])
+    sink_tools.assert_store_equals(db, [*batch_a, *batch_b, *batch_c, *batch_d])

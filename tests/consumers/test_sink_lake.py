@@ -4,30 +4,22 @@ each event once to every reader."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.codec import encode_event
 from prmloop.store.duck import query
-from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer
 from prmloop.store.lake import LakeStore, compact
 
-
-def fresh_events(n: int, seed: int) -> list[Envelope]:
-    return [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(n, seed=seed)]
+if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
+    from conftest import SinkTools
 
 
 def stored_count(store: LakeStore, ids: list[uuid.UUID]) -> int:
@@ -38,42 +30,17 @@ def stored_count(store: LakeStore, ids: list[uuid.UUID]) -> int:
         return 0
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.5)
-
-
-def sink_process(servers: str, store: LakeStore, group: str, home: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": servers, "PRMLOOP_HOME": str(home), "PRMLOOP_STORE": store.spec}
-    return subprocess.Popen(
-        [sys.executable, "-m", "prmloop.flows.cli", "sink", "--group", group, "--max-batch", "300"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def wait_started(proc: subprocess.Popen[bytes]) -> None:
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith(b"sink:"), line
-    assert b"ducklake:" in line
-
-
-def assert_store_equals(store: LakeStore, events: list[Envelope]) -> None:
-    ids = ",".join(f"'{e.event_id}'" for e in events)
-    rows = query(store, f"SELECT event_id, payload FROM events WHERE event_id IN ({ids})").rows
-    assert len(rows) == len(events), f"{len(events) - len(rows)} events lost"
-    stored = {r[0]: json.loads(r[1]) for r in rows}
-    for e in events:
-        assert stored[e.event_id] == json.loads(encode_event(e))["payload"]
-
-
-def _run(kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, *, n: int, kills: int, seed: int) -> None:
-    events = fresh_events(n, seed=seed)
+def _run(
+    sink_tools: type[SinkTools],
+    kafka_bootstrap: str,
+    lake_store: LakeStore,
+    tmp_path: Path,
+    *,
+    n: int,
+    kills: int,
+    seed: int,
+) -> None:
+    events = sink_tools.fresh_events(n, seed=seed)
     group = f"lake-sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(seed)
 
@@ -85,20 +52,17 @@ def _run(kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, *, n: int,
 
     publisher = threading.Thread(target=publish_slowly)
     publisher.start()
-    sinks = [sink_process(kafka_bootstrap, lake_store, group, tmp_path) for _ in range(2)]
-    for proc in sinks:
-        wait_started(proc)
+    sinks = [sink_tools.start(kafka_bootstrap, lake_store.spec, group, tmp_path, max_batch=300) for _ in range(2)]
     for _ in range(kills):  # kill one of the two at random, start a new one in its place
         time.sleep(rng.uniform(0.5, 3.0))
         victim = rng.randrange(2)
         sinks[victim].kill()
         sinks[victim].wait(timeout=30)
-        sinks[victim] = sink_process(kafka_bootstrap, lake_store, group, tmp_path)
-        wait_started(sinks[victim])
+        sinks[victim] = sink_tools.start(kafka_bootstrap, lake_store.spec, group, tmp_path, max_batch=300)
     publisher.join()
     ids = [e.event_id for e in events]
     try:
-        wait_for(lambda: stored_count(lake_store, ids) == len(ids), 180, "the sinks to catch up")
+        sink_tools.wait_for(lambda: stored_count(lake_store, ids) == len(ids), 180, "the sinks to catch up")
     finally:
         for proc in sinks:
             proc.send_signal(signal.SIGTERM)
@@ -106,20 +70,20 @@ def _run(kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, *, n: int,
     for proc, out in zip(sinks, outs, strict=True):
         assert proc.returncode == 0, out.decode()
         assert b"sink stopped" in out
-    assert_store_equals(lake_store, events)
+    sink_tools.assert_store_equals(lake_store, events)
     assert query(lake_store, "SELECT count(*) = count(DISTINCT event_id) FROM events").rows == [(True,)]
     compact(lake_store)
     assert query(lake_store, "SELECT count(*) = count(DISTINCT event_id) FROM events_log").rows == [(True,)]
 
 
 def test_two_sinks_in_one_group_killed_now_and_then_store_everything_once(
-    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path
+    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: type[SinkTools]
 ) -> None:
-    _run(kafka_bootstrap, lake_store, tmp_path, n=1200, kills=2, seed=301)
+    _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=1200, kills=2, seed=301)
 
 
 @pytest.mark.slow
 def test_two_sinks_killed_ten_times_while_events_flow_lose_and_double_nothing(
-    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path
+    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: type[SinkTools]
 ) -> None:
-    _run(kafka_bootstrap, lake_store, tmp_path, n=4000, kills=10, seed=302)
+    _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=4000, kills=10, seed=302)
