@@ -211,6 +211,23 @@ def read_topic(servers: str, topics: Sequence[str], *, idle_s: float = 1.5) -> l
         consumer.close()
 
 
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str, *, every_s: float = 0.2) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(every_s)
+
+
+@pytest.fixture(scope="session")
+def wait_until() -> Callable[..., None]:
+    """:func:`wait_for`: how a test waits for another process (a sink, a service) to get somewhere."""
+    return wait_for
+
+
 @pytest.fixture(scope="session")
 def topic_reader() -> Callable[..., list[Envelope]]:
     """:func:`read_topic`: what a test reads back from the real broker."""

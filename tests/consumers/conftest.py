@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -18,10 +19,15 @@ from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.codec import encode_event
 from prmloop.store.duck import StoreLocation, query
 from prmloop.store.events import Envelope
+from prmloop.store.kafka import EventProducer
 
 
 class SinkTools:
     """Helpers for tests that run sinks as separate processes against a real broker."""
+
+    def __init__(self, wait_for: Callable[..., None]) -> None:
+        #: the suite's one poll-until-true helper (tests/conftest.py)
+        self.wait_for = wait_for
 
     @staticmethod
     def fresh_events(n: int, seed: int) -> list[Envelope]:
@@ -47,12 +53,18 @@ class SinkTools:
         return proc
 
     @staticmethod
-    def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-            time.sleep(0.2)
+    def publish_slowly(servers: str, events: list[Envelope], *, pause_s: float) -> threading.Thread:
+        """A started thread publishing ``events`` 100 at a time, ``pause_s`` apart (join it when done)."""
+
+        def publish() -> None:
+            with EventProducer(servers) as producer:
+                for i in range(0, len(events), 100):
+                    producer.publish(events[i : i + 100])
+                    time.sleep(pause_s)
+
+        thread = threading.Thread(target=publish)
+        thread.start()
+        return thread
 
     @staticmethod
     def assert_store_equals(store: StoreLocation, events: list[Envelope]) -> None:
@@ -66,5 +78,5 @@ class SinkTools:
 
 
 @pytest.fixture
-def sink_tools() -> type[SinkTools]:
-    return SinkTools
+def sink_tools(wait_until: Callable[..., None]) -> SinkTools:
+    return SinkTools(wait_until)

@@ -39,21 +39,14 @@ def stored_ids(db: Path, ids: list[uuid.UUID]) -> set[uuid.UUID]:
 
 @pytest.mark.slow
 def test_sink_killed_twenty_times_while_events_flow_loses_and_duplicates_nothing(
-    kafka_bootstrap: str, tmp_path: Path, sink_tools: type[SinkTools]
+    kafka_bootstrap: str, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
     events = sink_tools.fresh_events(4000, seed=101)
     db = tmp_path / "store.duckdb"
     group = f"sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(5)
 
-    def publish_slowly() -> None:
-        with EventProducer(kafka_bootstrap) as producer:
-            for i in range(0, len(events), 100):
-                producer.publish(events[i : i + 100])
-                time.sleep(0.5)
-
-    publisher = threading.Thread(target=publish_slowly)
-    publisher.start()
+    publisher = sink_tools.publish_slowly(kafka_bootstrap, events, pause_s=0.5)
     kills = 0
     while kills < 20:
         proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)
@@ -76,7 +69,7 @@ def test_sink_killed_twenty_times_while_events_flow_loses_and_duplicates_nothing
 
 
 def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(
-    kafka_bootstrap: str, tmp_path: Path, sink_tools: type[SinkTools]
+    kafka_bootstrap: str, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
     events = sink_tools.fresh_events(200, seed=102)
     solutions = [e for e in events if e.event_type == "SolutionSampled"]
@@ -138,7 +131,7 @@ def _sink_thread(servers: str, db: Path, group: str) -> tuple[threading.Thread, 
 
 
 @pytest.mark.slow
-def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path, sink_tools: type[SinkTools]) -> None:
+def test_a_restarted_in_memory_broker_loses_nothing_acknowledged(tmp_path: Path, sink_tools: SinkTools) -> None:
     """Producers and the sink reconnect by themselves; what the restart lost, the outbox restores."""
     db = tmp_path / "store.duckdb"
     batch_a, batch_b, batch_c, batch_d = (sink_tools.fresh_events(150, seed=s) for s in (201, 202, 203, 204))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from prmloop.store.duck import query
-from prmloop.store.kafka import EventProducer
 from prmloop.store.lake import LakeStore, compact
 
 if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
@@ -31,7 +29,7 @@ def stored_count(store: LakeStore, ids: list[uuid.UUID]) -> int:
 
 
 def _run(
-    sink_tools: type[SinkTools],
+    sink_tools: SinkTools,
     kafka_bootstrap: str,
     lake_store: LakeStore,
     tmp_path: Path,
@@ -44,14 +42,7 @@ def _run(
     group = f"lake-sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(seed)
 
-    def publish_slowly() -> None:
-        with EventProducer(kafka_bootstrap) as producer:
-            for i in range(0, len(events), 100):
-                producer.publish(events[i : i + 100])
-                time.sleep(0.3)
-
-    publisher = threading.Thread(target=publish_slowly)
-    publisher.start()
+    publisher = sink_tools.publish_slowly(kafka_bootstrap, events, pause_s=0.3)
     sinks = [sink_tools.start(kafka_bootstrap, lake_store.spec, group, tmp_path, max_batch=300) for _ in range(2)]
     for _ in range(kills):  # kill one of the two at random, start a new one in its place
         time.sleep(rng.uniform(0.5, 3.0))
@@ -77,13 +68,13 @@ def _run(
 
 
 def test_two_sinks_in_one_group_killed_now_and_then_store_everything_once(
-    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: type[SinkTools]
+    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
     _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=1200, kills=2, seed=301)
 
 
 @pytest.mark.slow
 def test_two_sinks_killed_ten_times_while_events_flow_lose_and_double_nothing(
-    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: type[SinkTools]
+    kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
     _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=4000, kills=10, seed=302)

@@ -233,14 +233,6 @@ def _stored(db: Path, ids: list[uuid.UUID]) -> int:
     )
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.1)
-
-
 def _count_dead(servers: str) -> int:
     consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=None))
     parts = [
@@ -262,7 +254,9 @@ def _count_dead(servers: str) -> int:
 
 
 def test_the_sink_survives_generated_hostile_records(
-    rig: tuple[str, Path, threading.Thread, list[object]], capsys: pytest.CaptureFixture[str]
+    rig: tuple[str, Path, threading.Thread, list[object]],
+    capsys: pytest.CaptureFixture[str],
+    wait_until: Callable[..., None],
 ) -> None:
     servers, db, sink, outcome = rig
     ledger = Ledger()
@@ -295,7 +289,7 @@ def test_the_sink_survives_generated_hostile_records(
         ledger.batches += 1
         fresh = _send(producer, ledger, plan, recent)
         ids = [e.event_id for e in fresh]
-        _wait(lambda: _stored(db, ids) == len(ids) or not sink.is_alive(), 60, "the batch's valid events")
+        wait_until(lambda: _stored(db, ids) == len(ids) or not sink.is_alive(), 60, "the batch's valid events")
         assert sink.is_alive(), f"the sink stopped: {outcome}"
         assert _stored(db, ids) == len(ids)
 
@@ -303,8 +297,8 @@ def test_the_sink_survives_generated_hostile_records(
     producer.close()
 
     valid_ids = list(ledger.valid)
-    _wait(lambda: _stored(db, valid_ids) == len(valid_ids), 60, "every valid event")
-    _wait(
+    wait_until(lambda: _stored(db, valid_ids) == len(valid_ids), 60, "every valid event")
+    wait_until(
         lambda: int(query(db, "SELECT count(*) FROM conflicts").rows[0][0]) >= len(ledger.conflicts),
         30,
         "the conflicts",

@@ -72,14 +72,6 @@ def read_topic(servers: str, topic: str, expected: int, timeout_s: float = 30) -
     return out
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.2)
-
-
 class SinkThread:
     """The real sink in a thread, against a temporary DuckDB file."""
 
@@ -142,7 +134,7 @@ def store_at(request: pytest.FixtureRequest, tmp_path: Path) -> Path | LakeStore
 
 
 def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_stored(
-    own_servers: str, store_at: Path | LakeStore
+    own_servers: str, store_at: Path | LakeStore, wait_until: Callable[..., None]
 ) -> None:
     good = [question(f"h{i}") for i in range(6)]
     huge = b"\x00not json" + b"x" * 12_000_000
@@ -157,7 +149,7 @@ def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_s
     producer.close()
 
     sink = SinkThread(own_servers, store_at)
-    wait_for(lambda: stored(sink.db, good) == len(good), 60, "the valid events")
+    wait_until(lambda: stored(sink.db, good) == len(good), 60, "the valid events")
     assert sink.alive
     runtime_stats, sink_stats = sink.close()
     assert runtime_stats.dead_lettered == len(hostile)
@@ -179,7 +171,7 @@ def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_s
 
 
 def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_silent(
-    own_servers: str, store_at: Path | LakeStore
+    own_servers: str, store_at: Path | LakeStore, wait_until: Callable[..., None]
 ) -> None:
     original = question("c1")
     same_again = encode_event(original)
@@ -198,8 +190,8 @@ def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_si
 
     db = store_at
     sink = SinkThread(own_servers, db)
-    wait_for(lambda: stored(db, [original]) == 1, 60, "the original")
-    wait_for(lambda: int(query(db, "SELECT count(*) FROM conflicts").rows[0][0]) >= 1, 30, "the conflict")
+    wait_until(lambda: stored(db, [original]) == 1, 60, "the original")
+    wait_until(lambda: int(query(db, "SELECT count(*) FROM conflicts").rows[0][0]) >= 1, 30, "the conflict")
     wrong = read_topic(own_servers, dlq_topic("steps.labeled"), 1)
     sink.close()
 
