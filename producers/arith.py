@@ -12,25 +12,19 @@ what the checker needs into ``metadata`` so it travels with the question through
 - ``reference_steps``: the generator's own solution, one equation per step;
 - ``source``: ``"arith L<level>"``.
 
-Ids are ``arith/L<level>/<seed>/<index>``: the question is a function of these three values, so the
-same id always names the same question (re-registering it is idempotent downstream).
+Ids are :func:`~prmloop.models.arith.arith_question_id` (``arith/L<level>/<seed>/<index>``): the
+question is a function of these three values, so the same id always names the same question
+(re-registering it is idempotent downstream).
 """
 
 from __future__ import annotations
 
 from pydantic import JsonValue
 
-from prmloop.models.arith import ArithQuestion, generate_questions, level_spec
+from prmloop.models.arith import ARITH_DATASET, ArithQuestion, arith_question_id, generate_questions, level_spec
 from prmloop.models.questions import Question
 
-__all__ = ["ARITH_DATASET", "arith_question", "arith_question_id", "arith_questions"]
-
-ARITH_DATASET = "arith"
-
-
-def arith_question_id(level: int, seed: int, index: int) -> str:
-    """``arith/L<level>/<seed>/<index>``."""
-    return f"{ARITH_DATASET}/L{level}/{seed}/{index}"
+__all__ = ["arith_question", "arith_questions"]
 
 
 def arith_question(generated: ArithQuestion) -> Question:

@@ -30,6 +30,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.answers import extract_answer
+from prmloop.models.arith import ARITH_DATASET
 from prmloop.models.backends.base import Completion, Generator, SamplingParams, Tokenized
 from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.grading import GradeOutcome, grade
@@ -37,7 +38,6 @@ from prmloop.models.prompts import PromptFormat, StepFormat, solution_prompt, st
 from prmloop.models.questions import Question
 from prmloop.models.steps import split_completion, split_steps
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, answer_dispersion, mean_nll, perplexity, sequence_entropy
-from prmloop.producers.arith import ARITH_DATASET
 from prmloop.producers.events import question_registered, solution_sampled
 from prmloop.producers.selection import SELECTION_STRATEGIES, Candidate, Selection, get_strategy
 from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionUncertainty, deterministic_event_id

@@ -33,12 +33,15 @@ not exactly located.
 
 from prmloop.models.arith.checker import StepCheck, StepVerdict, check_steps
 from prmloop.models.arith.curriculum import (
+    ARITH_DATASET,
+    ARITH_ID,
     DEFAULT_CONSTANTS,
     LEVELS,
     ArithChain,
     ArithQuestion,
     ChainStep,
     LevelSpec,
+    arith_question_id,
     generate_question,
     generate_questions,
     level_spec,
@@ -47,6 +50,8 @@ from prmloop.models.arith.curriculum import (
 from prmloop.models.arith.equations import find_equations, parse_number
 
 __all__ = [
+    "ARITH_DATASET",
+    "ARITH_ID",
     "DEFAULT_CONSTANTS",
     "LEVELS",
     "ArithChain",
@@ -55,6 +60,7 @@ __all__ = [
     "LevelSpec",
     "StepCheck",
     "StepVerdict",
+    "arith_question_id",
     "check_steps",
     "find_equations",
     "generate_question",

@@ -171,6 +171,19 @@ class ArithChain:
         return chain
 
 
+#: The dataset name of curriculum questions.
+ARITH_DATASET = "arith"
+
+#: Ids of curriculum questions, ``arith/L<level>/<seed>/<index>`` (:func:`arith_question_id`): the
+#: question is a function of these three values, so an id always names the same question.
+ARITH_ID = re.compile(rf"^{ARITH_DATASET}/L(?P<level>[1-9])/(?P<seed>-?\d+)/(?P<index>\d+)$")
+
+
+def arith_question_id(level: int, seed: int, index: int) -> str:
+    """``arith/L<level>/<seed>/<index>``, the id :data:`ARITH_ID` reads back."""
+    return f"{ARITH_DATASET}/L{level}/{seed}/{index}"
+
+
 @dataclass(frozen=True, slots=True)
 class ArithQuestion:
     """A generated question: text, answer, chain and where it came from."""

@@ -11,7 +11,6 @@ only where they agree with the exact first error.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,12 +18,9 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from prmloop.models.arith.checker import check_steps
-from prmloop.models.arith.curriculum import ArithChain, generate_question
+from prmloop.models.arith.curriculum import ARITH_ID, ArithChain, generate_question
 
-__all__ = ["ARITH_ID", "ExactVerdict", "ExactVerifier", "chain_of"]
-
-#: Ids of curriculum questions (see ``prmloop.producers.arith.arith_question_id``).
-ARITH_ID = re.compile(r"^arith/L(?P<level>[1-9])/(?P<seed>-?\d+)/(?P<index>\d+)$")
+__all__ = ["ExactVerdict", "ExactVerifier", "chain_of"]
 
 
 @lru_cache(maxsize=4096)

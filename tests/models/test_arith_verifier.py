@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from prmloop.consumers.judge import EXACT_JUDGE_NAME, JudgeHandler, JudgeSettings, build_judge
+from prmloop.models.arith import arith_question_id
 from prmloop.models.arith.curriculum import generate_question
 from prmloop.models.arith.verifier import ExactVerifier, chain_of
-from prmloop.producers.arith import arith_question_id
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
 

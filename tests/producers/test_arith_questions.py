@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from prmloop.models.arith import ArithChain, check_steps, generate_question
+from prmloop.models.arith import ARITH_DATASET, ArithChain, check_steps, generate_question
 from prmloop.models.questions import Question
-from prmloop.producers.arith import ARITH_DATASET, arith_questions
+from prmloop.producers.arith import arith_questions
 
 
 def test_questions_have_stable_ids_and_the_arith_dataset() -> None:
