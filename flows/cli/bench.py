@@ -137,3 +137,66 @@ def bench_loop_cmd(
         seed=seed,
     )
     typer.echo(json.dumps(bench_loop(settings, repeats=repeats)))
+
+
+@bench_app.command("active")
+def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
+    pool: Annotated[
+        str, typer.Option(help="processbench (human labels), arith (exact labels), arith-mc (MC labels, tokens), all")
+    ] = "all",
+    quick: Annotated[bool, typer.Option(help="4 budgets, 16 heads: under 5 minutes once features are cached")] = False,
+    seeds: Annotated[int, typer.Option(help="random seeds per arm (first labelled set and head initialisation)")] = 3,
+    arms: Annotated[str, typer.Option(help="comma-separated: random, actprm, epistemic, aleatoric, priority, full")] = (
+        "random,actprm,epistemic,aleatoric,priority,full"
+    ),
+    arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 160,
+    mc_limit: Annotated[int, typer.Option(help="arith-mc: solutions labelled by MC rollouts (once, cached)")] = 240,
+    label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
+    out: Annotated[Path, typer.Option(help="folder for the PNG of the learning curves")] = Path("out/bench-active"),
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads for the backbone and the sampler")] = None,
+) -> None:
+    """Learning curves of the ensemble PRM under each labelling order, against labels known to be true.
+
+    Pool-based active learning: the pool half is labelled in each arm's order, the held-out half scores
+    (ProcessBench protocol). Sampled pools, MC labels and backbone features are computed once and cached
+    under $PRMLOOP_HOME (the first run of an arith pool samples SmolLM2; arith-mc also runs MC rollouts).
+    Progress goes to stderr; one JSON line to stdout.
+    """
+    from prmloop.flows.bench.active import ActiveSettings, run_active
+    from prmloop.flows.bench.active import label_quality as quality
+    from prmloop.flows.bench.active_pools import POOLS
+    from prmloop.flows.cli.app import err
+    from prmloop.models.prm.ensemble import EnsembleConfig
+    from prmloop.store.settings import StateSettings
+
+    names = list(POOLS) if pool == "all" else [pool]
+    if any(name not in POOLS for name in names):
+        raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
+    arm_names = tuple(a.strip() for a in arms.split(",") if a.strip())
+    ensemble = EnsembleConfig(threads=1, heads=16, epochs=150) if quick else EnsembleConfig(threads=1)
+    budgets = (0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+    root = StateSettings().home / "bench" / "active"
+
+    def say(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    results: dict[str, object] = {}
+    for name in names:
+        settings = ActiveSettings(
+            pool=name,
+            arms=arm_names,
+            budgets=budgets,
+            seeds=seeds,
+            ensemble=ensemble,
+            arith_questions=arith_questions,
+            mc_limit=mc_limit,
+            threads=threads,
+        )
+        try:
+            results[name] = run_active(settings, root=root, out_dir=out, say=say)
+            if name == "arith-mc" and label_quality:
+                results["label_quality"] = quality(settings, root=root, say=say)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    line = results[names[0]] if len(names) == 1 and "label_quality" not in results else results
+    typer.echo(json.dumps({"bench": "active", "quick": quick, **line} if isinstance(line, dict) else line))
