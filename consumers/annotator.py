@@ -41,10 +41,12 @@ from prmloop.store.events import (
     Envelope,
     MCEstimate,
     ModelRef,
+    SolutionSelected,
     StepsLabeled,
     StepsScored,
     deterministic_event_id,
     make_event,
+    scored_to_label,
 )
 from prmloop.store.poison import TransientError
 from prmloop.store.settings import KafkaSettings
@@ -101,7 +103,10 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     group: str = Field(
         default="prmloop-annotator", description="consumer group; processes in one group share partitions"
     )
-    topic: str = Field(default=StepsScored.TOPIC, description="read scored solutions from this topic")
+    topic: str = Field(
+        default=SolutionSelected.TOPIC,
+        description="read the selector's decisions (steps.selected), or every scored solution (steps.scored)",
+    )
     until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
     max_solutions: int | None = Field(
         default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
@@ -222,6 +227,12 @@ def labeled_event(
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
 
 
+def _selection_score(payload: object) -> float:
+    if isinstance(payload, SolutionSelected) and payload.score is not None:
+        return payload.score
+    return float("inf")  # nothing known about it: as uncertain as can be
+
+
 class AnnotatorStats:
     """What an annotator did (thread-safe counters; ``as_dict`` for a JSON summary)."""
 
@@ -262,6 +273,7 @@ class AnnotatorStats:
                 "unresolved": self.counts["unresolved"],
                 "aborted": self.counts["aborted"],
                 "rejected": self.counts["rejected"],
+                "skipped_by_selection": self.counts["skipped_by_selection"],
                 "published": self.counts["published"],
                 "rollouts": self.rollouts,
                 "generated_tokens": self.generated_tokens,
@@ -320,7 +332,14 @@ class Annotator:
         self._pool.shutdown(wait=True)
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
-        todo = [c for c in batch if isinstance(c.event.payload, StepsScored)]
+        todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
+        self.stats.count(
+            "skipped_by_selection",
+            sum(isinstance(c.event.payload, SolutionSelected) for c in batch)
+            - len([c for c in todo if isinstance(c.event.payload, SolutionSelected)]),
+        )
+        # Most uncertain first (the selector's score): with a partial budget the best are labelled.
+        todo.sort(key=lambda c: -_selection_score(c.event.payload))
         self.stats.started()
         if self.max_in_flight == 1 or len(todo) <= 1:
             results = [self._one(c) for c in todo]
@@ -350,8 +369,8 @@ class Annotator:
         return rejected
 
     def _one(self, consumed: ConsumedEvent) -> tuple[str, Envelope | str | None]:
-        scored = consumed.event.payload
-        assert isinstance(scored, StepsScored)
+        scored = scored_to_label(consumed.event.payload)
+        assert scored is not None
         reason = self._unlabelable(scored)
         if reason:
             return "reject", reason

@@ -35,11 +35,13 @@ from prmloop.store.events import (
     CostLedger,
     Envelope,
     ModelRef,
+    SolutionSelected,
     StepJudgment,
     StepsJudged,
     StepsScored,
     deterministic_event_id,
     make_event,
+    scored_to_label,
 )
 from prmloop.store.kafka import EventProducer
 from prmloop.store.settings import KafkaSettings
@@ -86,7 +88,10 @@ class JudgeSettings(EngineSettings):
     all_steps: bool = Field(default=False, description="stepwise: judge every step, not only up to the first error")
     seed: int = Field(default=0, description="judge seed: the same solution and step give the same samples")
     group: str = Field(default=JUDGE_GROUP, description="consumer group; processes in one group share partitions")
-    topic: str = Field(default=StepsScored.TOPIC, description="read scored solutions from this topic")
+    topic: str = Field(
+        default=SolutionSelected.TOPIC,
+        description="read the selector's decisions (steps.selected), or every scored solution (steps.scored)",
+    )
     until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
     max_solutions: int | None = Field(default=None, ge=1, description="stop after judging this many solutions")
 
@@ -192,8 +197,9 @@ class JudgeHandler:
         out: list[Envelope] = []
         rejected: list[tuple[ConsumedEvent, str]] = []
         for consumed in batch:
-            scored = consumed.event.payload
-            if not isinstance(scored, StepsScored):
+            scored = scored_to_label(consumed.event.payload)
+            if scored is None:
+                self.counts["skipped_by_selection"] += isinstance(consumed.event.payload, SolutionSelected)
                 continue
             if not scored.steps or not scored.problem:
                 reason = "no steps" if not scored.steps else "no problem text (scored by an older scorer)"

@@ -1,5 +1,9 @@
 """The Prefect flow ``retrain``: snapshot the labels, train a PRM, evaluate it, register it.
 
+Two kinds of PRM (``prm_kind``): ``ensemble`` (the default, every round of the loop: heads on cached
+frozen-backbone features, trained in seconds, promoted by held-out F1, the PRM the selector decides
+with; :mod:`prmloop.flows.retrain_ensemble`) and ``lora`` (the final PRM, steps below).
+
 1. **snapshot**: the store's accepted labels (or MC labels, or an imported snapshot) as an immutable,
    content-hashed snapshot (:mod:`prmloop.store.snapshot`); it refuses to train on fewer than
    ``min_examples`` solutions;
@@ -23,9 +27,10 @@ from prefect.cache_policies import NO_CACHE
 
 from prmloop.flows.evals.processbench import eval_processbench
 from prmloop.models.prm.data import PRMExample
+from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.model import PRM, PRMConfig
 from prmloop.models.prm.train import train_prm
-from prmloop.store.events import ModelRef
+from prmloop.store.events import Envelope, ModelRef
 from prmloop.store.registry import current_model, model_registered, should_promote
 from prmloop.store.snapshot import load_snapshot, select_labels, write_snapshot
 
@@ -64,8 +69,13 @@ def _pipeline(
     use_prefect: bool,
     ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
     bootstrap_servers: str | None = None,
+    prm_kind: str = "ensemble",
+    ensemble: EnsembleConfig | None = None,
+    eval_set: str = "processbench",
 ) -> dict[str, Any]:
     logger = get_run_logger() if use_prefect else log
+    if prm_kind not in ("ensemble", "lora"):
+        raise ValueError(f"prm_kind must be ensemble or lora, got {prm_kind!r}")
     root = Path(out_dir)
     if snapshot is None:
         args = (db, kind, str(root / "snapshots"), ratios)
@@ -82,6 +92,26 @@ def _pipeline(
             "reason": f"{len(examples)} training solutions < min_examples {min_examples}",
             "snapshot": manifest,
         }
+    if prm_kind == "ensemble":
+        from prmloop.flows.retrain_ensemble import train_register_ensemble
+        from prmloop.models.prm.features import FeatureSpec
+
+        summary, event = train_register_ensemble(
+            examples,
+            db=db,
+            snapshot_id=manifest["snapshot_id"],
+            out_dir=root,
+            config=ensemble or EnsembleConfig(threads=1),
+            spec=FeatureSpec(),
+            eval_set=eval_set,
+            eval_limit=eval_limit,
+            threads=config.threads,
+            logger=logger,
+        )
+        _publish(event, publish, bootstrap_servers)
+        if use_prefect:
+            _artifact(summary, summary["metrics"], manifest["snapshot_id"])
+        return summary
     run_dir = root / "runs" / f"{manifest['snapshot_id']}-{config.formulation}-{config.labels}"
     result = train_prm(
         examples,
@@ -123,12 +153,7 @@ def _pipeline(
         decision=decision,
         parent=current.get("model_id") if current else None,
     )
-    if publish:
-        from prmloop.store.broker import require_bootstrap_servers
-        from prmloop.store.kafka import EventProducer
-
-        with EventProducer(bootstrap_servers or require_bootstrap_servers()) as producer:
-            producer.publish([event])
+    _publish(event, publish, bootstrap_servers)
     summary = {
         "trained": True,
         "model_id": event.payload.model_id,
@@ -140,14 +165,28 @@ def _pipeline(
         "evaluation": evaluation,
     }
     if use_prefect:
-        from prefect.artifacts import create_table_artifact
-
-        create_table_artifact(
-            key="retrain-models",
-            table=[{"model": summary["model_id"], "promoted": promote, **metrics}],
-            description=f"retrain on snapshot {manifest['snapshot_id']}: {decision}",
-        )
+        _artifact(summary, metrics, manifest["snapshot_id"])
     return summary
+
+
+def _publish(event: Envelope, publish: bool, bootstrap_servers: str | None) -> None:
+    if not publish:
+        return
+    from prmloop.store.broker import require_bootstrap_servers
+    from prmloop.store.kafka import EventProducer
+
+    with EventProducer(bootstrap_servers or require_bootstrap_servers()) as producer:
+        producer.publish([event])
+
+
+def _artifact(summary: dict[str, Any], metrics: dict[str, float], snapshot_id: str) -> None:
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(
+        key="retrain-models",
+        table=[{"model": summary["model_id"], "promoted": summary["promoted"], **metrics}],
+        description=f"retrain on snapshot {snapshot_id}: {summary['decision']}",
+    )
 
 
 @flow(name="retrain")
@@ -162,9 +201,14 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
     publish: bool = True,
     ratios: tuple[float, float, float] = (0.8, 0.1, 0.1),
     bootstrap_servers: str | None = None,
+    prm_kind: str = "ensemble",
+    ensemble: EnsembleConfig | None = None,
+    eval_set: str = "processbench",
 ) -> dict[str, Any]:
     """Snapshot, train, evaluate and register a PRM (see the module docstring). ``db``: the store
-    (default ``PRMLOOP_STORE``, else the DuckDB file in ``PRMLOOP_HOME``)."""
+    (default ``PRMLOOP_STORE``, else the DuckDB file in ``PRMLOOP_HOME``); ``prm_kind``: ``ensemble``
+    (every round, seconds) or ``lora`` (the final PRM); ``eval_set``: the ensemble's held-out set,
+    ``processbench`` or ``arith``."""
     if not db:
         from prmloop.store.settings import StateSettings
 
@@ -181,6 +225,9 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
         min_examples=min_examples,
         publish=publish,
         use_prefect=True,
+        prm_kind=prm_kind,
+        ensemble=ensemble,
+        eval_set=eval_set,
     )
 
 

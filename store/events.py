@@ -41,6 +41,7 @@ __all__ = [
     "QuestionRegistered",
     "SamplingSpec",
     "SolutionSampled",
+    "SolutionSelected",
     "SolutionUncertainty",
     "StepJudgment",
     "StepsJudged",
@@ -48,6 +49,7 @@ __all__ = [
     "StepsScored",
     "deterministic_event_id",
     "make_event",
+    "scored_to_label",
 ]
 
 #: Namespace of deterministic event ids: the same logical fact always gets the same id, which is what
@@ -235,6 +237,39 @@ class StepsScored(Payload):
     gold_answer: str | None = None
 
 
+class SolutionSelected(Payload):
+    """Whether a scored solution is worth its labels, decided by the promoted ensemble PRM (ActPRM's
+    rule, :mod:`prmloop.models.prm.active`): the annotator and the judge read this topic and label only
+    ``decision == "label"``. It carries the scored solution whole, so they read nothing on the side; a
+    newer PRM may decide again on a solution an older one skipped (a new event, a new id)."""
+
+    event_type: Literal["SolutionSelected"] = "SolutionSelected"
+    TOPIC: ClassVar[str] = "steps.selected"
+
+    solution_id: str
+    question_id: str
+    decision: Literal["label", "skip"]
+    reason: str = Field(description="the verdict in words: which step was least confident, and how")
+    prm: ModelRef | None = Field(default=None, description="the ensemble PRM that decided; None: none promoted yet")
+    rule: str = Field(default="actprm", description="actprm (both uncertainties), epistemic, aleatoric or none")
+    thresholds: dict[str, float] = Field(default_factory=dict, description="delta, std_max, tau")
+    score: float | None = Field(default=None, description="largest relative uncertainty of a checked step")
+    checked_steps: int = Field(default=0, ge=0, description="steps checked: through the first predicted error")
+    step_mean: tuple[float, ...] = Field(default=(), description="per step: the heads' mean P(correct)")
+    step_std: tuple[float, ...] = Field(default=(), description="per step: the heads' standard deviation")
+    scored: StepsScored
+
+
+def scored_to_label(payload: Payload) -> StepsScored | None:
+    """The scored solution a labeller should work on: a ``StepsScored`` as is, a ``SolutionSelected``'s
+    own when its decision is "label", nothing otherwise."""
+    if isinstance(payload, StepsScored):
+        return payload
+    if isinstance(payload, SolutionSelected):
+        return payload.scored if payload.decision == "label" else None
+    return None
+
+
 class StepsLabeled(Payload):
     event_type: Literal["StepsLabeled"] = "StepsLabeled"
     TOPIC: ClassVar[str] = "steps.labeled"
@@ -328,7 +363,7 @@ class ModelRegistered(Payload):
     TOPIC: ClassVar[str] = "models.registered"
 
     model_id: str
-    kind: Literal["prm", "generator", "judge"]
+    kind: Literal["prm", "prm_ensemble", "generator", "judge"]
     base_model: ModelRef
     artifact_uri: str = Field(description="where the adapter or weights are stored")
     dataset_snapshot: str = Field(description="the query or hash of the training set")
@@ -356,6 +391,7 @@ AnyPayload: TypeAlias = Annotated[
     | QuestionPrioritized
     | SolutionSampled
     | StepsScored
+    | SolutionSelected
     | StepsLabeled
     | StepsJudged
     | LabelsAccepted
@@ -372,6 +408,7 @@ PAYLOAD_TYPES: dict[str, type[Payload]] = {
         QuestionPrioritized,
         SolutionSampled,
         StepsScored,
+        SolutionSelected,
         StepsLabeled,
         StepsJudged,
         LabelsAccepted,

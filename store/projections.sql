@@ -215,3 +215,25 @@ FROM (
     FROM events
     WHERE event_type = 'StepsJudged'
 );
+
+-- The selector's decisions (ActPRM's rule on the promoted ensemble PRM): what was skipped, and why.
+-- `is_latest`: the newest decision on the solution (a newer PRM may take up what an older one skipped).
+CREATE OR REPLACE VIEW selections AS
+SELECT
+    payload->>'solution_id' AS solution_id,
+    payload->>'question_id' AS question_id,
+    payload->>'decision' AS decision,
+    payload->>'reason' AS reason,
+    payload->'prm'->>'name' AS prm,
+    payload->>'rule' AS rule,
+    TRY_CAST(payload->>'score' AS DOUBLE) AS score,
+    TRY_CAST(payload->>'checked_steps' AS BIGINT) AS checked_steps,
+    from_json(payload->'step_mean', '["DOUBLE"]') AS step_mean,
+    from_json(payload->'step_std', '["DOUBLE"]') AS step_std,
+    payload->'thresholds' AS thresholds,
+    TRY_CAST(payload->'scored'->>'correct' AS BOOLEAN) AS correct,
+    row_number() OVER (PARTITION BY payload->>'solution_id' ORDER BY occurred_at DESC, event_id) = 1 AS is_latest,
+    occurred_at,
+    event_id
+FROM events
+WHERE event_type = 'SolutionSelected';

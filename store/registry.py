@@ -70,7 +70,7 @@ def model_registered(
     promoted: bool,
     decision: str,
     parent: str | None = None,
-    kind: Literal["prm", "generator", "judge"] = "prm",
+    kind: Literal["prm", "prm_ensemble", "generator", "judge"] = "prm",
 ) -> Envelope:
     """The ``ModelRegistered`` event of a trained artifact; its id is the artifact's digest."""
     digest = artifact_digest(artifact)

@@ -79,5 +79,10 @@ class StateSettings(BaseSettings):
         return self.home / "outbox"
 
     @property
+    def features_dir(self) -> Path:
+        """The PRMs' cache of step features (rebuildable from the events; safe to delete)."""
+        return self.home / "features"
+
+    @property
     def broker_file(self) -> Path:
         return self.home / "broker.json"

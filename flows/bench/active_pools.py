@@ -92,34 +92,36 @@ def _processbench() -> list[PoolItem]:
 ARITH_SAMPLING: dict[str, Any] = {"levels": (1, 2, 3), "k": 4, "temperature": 0.7, "max_new_tokens": 160, "seed": 0}
 
 
-def _arith_file(root: Path) -> Path:
-    digest = hashlib.sha256(json.dumps(ARITH_SAMPLING, sort_keys=True).encode()).hexdigest()[:10]
+def _arith_file(root: Path, sampling: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(sampling, sort_keys=True).encode()).hexdigest()[:10]
     return root / f"arith-{digest}.jsonl"
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of an append-only cache file; a last line cut by an interrupted write is dropped
+    (and cut off the file, so that what is appended next starts on a line of its own)."""
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by an interrupted write: what follows is rebuilt
-    return rows
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
 
-def _sample_arith(root: Path, questions: int, threads: int | None, say: Say, engine: Any) -> list[dict[str, Any]]:
+def _sample_arith(
+    root: Path, questions: int, *, sampling: dict[str, Any], threads: int | None, say: Say, engine: list[Any]
+) -> list[dict[str, Any]]:
     """Sampled curriculum solutions (``questions`` per level), sampling only what the cache lacks."""
     from prmloop.flows.evals.arith import measure_arith_levels
 
-    path = _arith_file(root)
+    path = _arith_file(root, sampling)
     rows = _read_lines(path)
     done: dict[int, int] = {}
     for row in rows:
         done[row["level"]] = max(done.get(row["level"], 0), int(row["question_id"].rsplit("/", 1)[1]) + 1)
     chunk = 8
-    for level in ARITH_SAMPLING["levels"]:
+    for level in sampling["levels"]:
         while done.get(level, 0) < questions:
             first = done.get(level, 0)
             if engine[0] is None:
@@ -133,10 +135,10 @@ def _sample_arith(root: Path, questions: int, threads: int | None, say: Say, eng
             result = measure_arith_levels(
                 [level],
                 n_questions=min(chunk, questions - first),
-                k=int(ARITH_SAMPLING["k"]),
-                max_new_tokens=int(ARITH_SAMPLING["max_new_tokens"]),
-                temperature=float(ARITH_SAMPLING["temperature"]),
-                seed=int(ARITH_SAMPLING["seed"]),
+                k=int(sampling["k"]),
+                max_new_tokens=int(sampling["max_new_tokens"]),
+                temperature=float(sampling["temperature"]),
+                seed=int(sampling["seed"]),
                 engine=engine[0],
                 first_question=first,
                 questions_per_call=4,
@@ -168,7 +170,7 @@ def _sample_arith(root: Path, questions: int, threads: int | None, say: Say, eng
                 f"arith pool: level {level}, {done[level]}/{questions} questions sampled "
                 f"({len(fresh)} solutions in {time.perf_counter() - tick:.0f}s)"
             )
-    wanted = {(lvl, i) for lvl in ARITH_SAMPLING["levels"] for i in range(questions)}
+    wanted = {(lvl, i) for lvl in sampling["levels"] for i in range(questions)}
     return [r for r in rows if (r["level"], int(r["question_id"].rsplit("/", 1)[1])) in wanted]
 
 
@@ -181,9 +183,11 @@ def _decided(row: dict[str, Any]) -> int | None:
     return int(row["first_error_step"])
 
 
-def _arith(root: Path, questions: int, threads: int | None, say: Say, engine: Any) -> list[PoolItem]:
+def _arith(
+    root: Path, questions: int, *, sampling: dict[str, Any], threads: int | None, say: Say, engine: list[Any]
+) -> list[PoolItem]:
     items = []
-    for row in _sample_arith(root, questions, threads, say, engine):
+    for row in _sample_arith(root, questions, sampling=sampling, threads=threads, say=say, engine=engine):
         truth = _decided(row)
         if truth is None:
             continue
@@ -304,16 +308,24 @@ def build_pool(
     root: Path,
     arith_questions: int = 160,
     mc_limit: int = 240,
+    arith_seed: int = 0,
+    arith_levels: tuple[int, ...] = (1, 2, 3),
     threads: int | None = None,
     say: Say = lambda _line: None,
 ) -> list[PoolItem]:
-    """The items of pool ``name`` (see the module docstring), building what the cache lacks."""
+    """The items of pool ``name`` (see the module docstring), building what the cache lacks.
+
+    ``arith_seed`` and ``arith_levels`` choose the curriculum's questions (another seed: other questions,
+    e.g. a held-out set for questions a loop samples with seed 0).
+    """
     root.mkdir(parents=True, exist_ok=True)
     engine: list[Any] = [None]
+    sampling = {**ARITH_SAMPLING, "seed": arith_seed, "levels": tuple(arith_levels)}
     if name == "processbench":
         return _processbench()
+    arith = _arith(root, arith_questions, sampling=sampling, threads=threads, say=say, engine=engine)
     if name == "arith":
-        return _arith(root, arith_questions, threads, say, engine)
+        return arith
     if name == "arith-mc":
-        return _mc_labels(root, _arith(root, arith_questions, threads, say, engine), mc_limit, threads=threads, say=say)
+        return _mc_labels(root, arith, mc_limit, threads=threads, say=say)
     raise ValueError(f"unknown pool {name!r}; choose one of {', '.join(POOLS)}")

@@ -13,6 +13,7 @@ from prmloop.consumers.annotator import AnnotatorSettings
 from prmloop.consumers.consensus import ConsensusSettings
 from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
+from prmloop.consumers.selector import SelectorSettings
 from prmloop.flows.cli.app import app, err, stop_on_signals
 from prmloop.flows.cli.options import settings_command
 from prmloop.models.simulator import SimulatorOptions
@@ -62,9 +63,9 @@ def prioritize(settings: PrioritizeSettings) -> None:
         settings = settings.model_copy(update={"dataset": dataset})
     prm = None
     if settings.prm is not None:
-        from prmloop.models.prm.model import PRM
+        from prmloop.models.prm.load import load_prm
 
-        prm = PRM.load(settings.prm)
+        prm = load_prm(settings.prm, cache_dir=StateSettings().features_dir, threads=settings.threads)
     summary = run_prioritize(settings, prm=prm)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
@@ -83,6 +84,28 @@ def score(settings: ScorerSettings) -> None:
     source = "the simulator" if settings.simulator else (settings.model or "sampled log-probs only")
     err.print(f"scorer: {source} on {servers}, group {settings.group}", soft_wrap=True)
     typer.echo(json.dumps(run_scorer(settings, bootstrap_servers=servers, until=stop.is_set)))
+
+
+@settings_command(app, SelectorSettings, name="select")
+def select(settings: SelectorSettings) -> None:
+    """Decide, with the promoted ensemble PRM, which scored solutions are worth their labels (ActPRM):
+    publish `steps.selected` (label or skip, with the per-step mean and std behind it). The annotator
+    and the judge label only what it sends on; with no promoted ensemble yet, everything is labelled.
+    `--revisit`: decide again on what an older PRM skipped, then exit."""
+    from prmloop.consumers.selector import run_selector
+    from prmloop.store.kafka import ensure_topics
+
+    stop = stop_on_signals()
+    servers = require_bootstrap_servers()
+    ensure_topics(servers)
+    if settings.revisit:
+        from prmloop.flows.select import revisit_skipped
+
+        typer.echo(json.dumps(revisit_skipped(settings, bootstrap_servers=servers)))
+        return
+    prm = settings.prm or "the promoted ensemble PRM in the store's registry"
+    err.print(f"selector: {settings.rule} with {prm} on {servers}, group {settings.group}", soft_wrap=True)
+    typer.echo(json.dumps(run_selector(settings, bootstrap_servers=servers, until=stop.is_set)))
 
 
 @settings_command(app, AnnotatorSettings, name="annotate")

@@ -190,9 +190,23 @@ def retrain(
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
     prefect: Annotated[bool, typer.Option(help="run as the Prefect flow `retrain`")] = True,
     publish: Annotated[bool, typer.Option(help="publish ModelRegistered")] = True,
+    prm_kind: Annotated[
+        str, typer.Option(help="ensemble (heads on cached features, seconds; every round) or lora (the final PRM)")
+    ] = "ensemble",
+    eval_set: Annotated[
+        str, typer.Option(help="ensemble: held-out set, processbench or arith (curriculum, exact first errors)")
+    ] = "processbench",
 ) -> None:
-    """Snapshot, train, evaluate on ProcessBench and register a PRM (promoted only if not worse)."""
+    """Snapshot, train, evaluate and register a PRM (promoted only if its held-out F1 is not worse).
+
+    `--prm-kind ensemble` (default): the ensemble PRM the selector decides with, trained in seconds on
+    cached backbone features; `--prm-kind lora`: LoRA on the backbone, evaluated on ProcessBench."""
     from prmloop.flows.retrain import run_retrain
+
+    if prm_kind not in ("ensemble", "lora"):
+        raise typer.BadParameter(f"--prm-kind {prm_kind!r}: choose ensemble or lora")
+    if eval_set not in ("processbench", "arith"):
+        raise typer.BadParameter(f"--eval-set {eval_set!r}: choose processbench or arith")
 
     summary = run_retrain(
         prefect=prefect,
@@ -204,6 +218,8 @@ def retrain(
         eval_limit=eval_limit,
         min_examples=min_examples,
         publish=publish,
+        prm_kind=prm_kind,
+        eval_set=eval_set,
     )
     typer.echo(json.dumps(summary, default=str))
 
@@ -212,7 +228,10 @@ def retrain(
 def eval_processbench_cmd(
     prm: Annotated[
         Path | None,
-        typer.Option(help="a trained PRM folder (…/prm); default: the base model with a fresh, untrained adapter"),
+        typer.Option(
+            help="a trained PRM folder (a LoRA PRM's …/prm or an ensemble's); default: the base model with a "
+            "fresh, untrained adapter"
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(help="solutions per subset")] = 40,
     holdout: Annotated[bool, typer.Option(help="only questions a 0.5,0,0.5 import did not train on")] = False,
@@ -221,9 +240,15 @@ def eval_processbench_cmd(
 ) -> None:
     """ProcessBench F1 per subset (threshold chosen on GSM8K) and optionally Best-of-N accuracy."""
     from prmloop.flows.evals.processbench import best_of_n, eval_processbench
+    from prmloop.models.prm.load import load_prm
     from prmloop.models.prm.model import PRM
+    from prmloop.store.settings import StateSettings
 
-    model = PRM.load(prm) if prm else PRM.create(_config(threads=threads))
+    model = (
+        load_prm(prm, cache_dir=StateSettings().features_dir, threads=threads)
+        if prm
+        else PRM.create(_config(threads=threads))
+    )
     result = eval_processbench(model.score_solutions, limit=limit, holdout=holdout, progress=_say)
     result["prm"] = str(prm) if prm else "base model, untrained adapter"
     if bon:

@@ -1,15 +1,17 @@
-"""The pipeline reads left to right on a real broker: simulate -> score -> annotate, each service
+"""The pipeline reads left to right on a real broker: simulate -> score -> select -> annotate, each service
 consuming only the topic before it, and the labels are the ones the world's own Δu gives."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prmloop.consumers.annotator import AnnotatorSettings, build_annotator, run_annotator
 from prmloop.consumers.scorer import ScorerSettings, run_scorer
+from prmloop.consumers.selector import SelectorSettings, run_selector
 from prmloop.models.annotation.completer import exact_match
 from prmloop.models.annotation.strategies import annotate
 from prmloop.models.simulator import SimulatedCompleter, SimulatorOptions
@@ -27,7 +29,9 @@ def fresh_broker() -> Iterator[str]:
         yield broker.bootstrap_servers
 
 
-def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str, topic_reader: Any) -> None:
+def test_simulated_solutions_flow_through_scorer_selector_and_annotator(
+    fresh_broker: str, topic_reader: Any, tmp_path: Path
+) -> None:
     world_options = SimulatorOptions(sim_n=10, sim_seed=31, correlation=0.7)
     config, world = world_options.world()
     with EventProducer(fresh_broker) as producer:
@@ -47,6 +51,14 @@ def test_simulated_solutions_flow_through_scorer_and_annotator(fresh_broker: str
         assert isinstance(payload, StepsScored) and payload.source == "simulator"
         assert payload.uncertainty_delta == pytest.approx(solution.uncertainty_delta)
         assert payload.problem == solution.question and payload.steps == solution.steps
+
+    # No ensemble PRM promoted in this (empty) store: the selector sends every solution on to be labelled.
+    selected = run_selector(
+        SelectorSettings(db=str(tmp_path / "none.duckdb"), until_idle=3),
+        bootstrap_servers=fresh_broker,
+        install_signal_handlers=False,
+    )
+    assert selected["label"] == 10 and selected["skip"] == 0
 
     settings = AnnotatorSettings(strategy="uncertainty_driven", completer="simulator", until_idle=3, **world_fields)
     summary = run_annotator(settings, bootstrap_servers=fresh_broker, install_signal_handlers=False)

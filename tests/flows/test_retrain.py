@@ -31,6 +31,7 @@ def test_retrain_trains_evaluates_and_decides_promotion(tmp_path: Path) -> None:
         min_examples=2,
         publish=False,
         ratios=(1.0, 0.0, 0.0),
+        prm_kind="lora",
     )
     assert summary["trained"] and summary["promoted"] and summary["decision"] == "no promoted model yet"
     assert Path(summary["artifact"], "adapter", "adapter_config.json").is_file()
@@ -42,5 +43,6 @@ def test_retrain_trains_evaluates_and_decides_promotion(tmp_path: Path) -> None:
         out_dir=str(tmp_path / "prm2"),
         config=config,
         min_examples=10_000,
+        prm_kind="lora",
     )
     assert not refused["trained"] and "min_examples" in refused["reason"]
