@@ -10,10 +10,11 @@ probability, CoT Entropy and its split, stopping at the first error unless ``--a
 ``critic`` (:class:`~prmloop.models.judge.judges.Critic`: the first wrong paragraph of the whole
 solution, the ProcessBench protocol) and ``exact``
 (:class:`~prmloop.models.arith.verifier.ExactVerifier`: no model, the arithmetic curriculum's step
-checker; undecidable solutions get no verdict). A solution without steps or problem text is
-dead-lettered with
-the reason; a model server that cannot be reached is retried with backoff by the runtime, any other
-failure dead-letters the solution it happened on (``prmloop.store.poison``).
+checker; undecidable solutions get no verdict, and so do solutions larger than the checker reads,
+with a warning that names the limit: see :mod:`prmloop.models.arith.limits`). A solution without
+steps or problem text is dead-lettered with the reason; a model server that cannot be reached is
+retried with backoff by the runtime, any other failure dead-letters the solution it happened on
+(``prmloop.store.poison``).
 """
 
 from __future__ import annotations
@@ -206,9 +207,12 @@ class JudgeHandler:
                 rejected.append((consumed, f"{scored.solution_id}: cannot be judged: {reason}"))
                 continue
             if isinstance(self.judge, ExactVerifier):
-                outcome: SolutionJudgment | CriticVerdict = _exact_outcome(
-                    self.judge.judge_question(scored.question_id, scored.steps)
-                )
+                verdict = self.judge.judge_question(scored.question_id, scored.steps)
+                if verdict.beyond_limits:
+                    # Not poison: a solution too large to check gets "undecided", like any it cannot read.
+                    self.counts["beyond_limits"] += 1
+                    log.warning("judge: %s left undecided: %s", scored.solution_id, verdict.reason)
+                outcome: SolutionJudgment | CriticVerdict = _exact_outcome(verdict)
             else:
                 outcome = self.judge.judge(scored.problem, scored.steps)
             out.append(

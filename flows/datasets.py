@@ -8,20 +8,26 @@
 
 Steps after a solution's first error carry no trustworthy label in any of these (PRMBench and
 ProcessBench annotate the first error; a later step may be right or wrong), so a solution is cut after
-its first wrong step: its labels are ``True ... True False``. A line that cannot be read is reported
-(``file:line: what``) and skipped; the import goes on.
+its first wrong step: its labels are ``True ... True False``.
+
+Line files (PRMBench, Math-Shepherd; plain or gzip) are read by
+:func:`~prmloop.models.jsonl.read_json_lines`, the reader of question files: a line that is not
+UTF-8, not JSON, nested too deeply, too long, or whose fields have the wrong types is reported as
+``file:line: what; line skipped`` and the import goes on with the good lines; a truncated or damaged
+archive keeps the lines before the damage and says at which line reading stopped. ProcessBench is one
+JSON array, not lines: a file that is not one is refused with a one-line error
+(:class:`~prmloop.models.processbench.ProcessBenchFileError`).
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
+from prmloop.models.jsonl import read_json_lines
 from prmloop.models.processbench import read_processbench
 from prmloop.store.snapshot import SnapshotRow
 
@@ -39,10 +45,33 @@ def _truncated(qid: str, sid: str, problem: str, steps: list[str], *, first_erro
     return SnapshotRow(qid, sid, problem, tuple(kept), tuple(labels), None, first, source, None)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        yield from enumerate(handle, start=1)
+class _PrmBenchCase(BaseModel):
+    """One PRMBench line, strictly typed (a step that is not a string is not a step)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    idx: StrictStr | StrictInt
+    question: StrictStr | None = None
+    modified_question: StrictStr | None = None
+    original_question: StrictStr | None = None
+    modified_process: list[StrictStr]
+    original_process: list[StrictStr] | None = None
+    error_steps: list[StrictInt]
+    classification: StrictStr = "?"
+
+
+class _ShepherdLine(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    input: StrictStr
+    label: StrictStr
+    task: StrictStr | None = None
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "line"
+    return f"{where}: {first['msg']}"
 
 
 def _processbench(path: Path) -> tuple[list[SnapshotRow], list[str]]:
@@ -63,30 +92,33 @@ def _processbench(path: Path) -> tuple[list[SnapshotRow], list[str]]:
 
 
 def _prmbench(path: Path) -> tuple[list[SnapshotRow], list[str]]:
-    rows, errors = [], []
-    for line_no, line in _lines(path):
-        where = f"{path}:{line_no}"
+    rows: list[SnapshotRow] = []
+    errors: list[str] = []
+    for line in read_json_lines(path, errors):
+        where = line.where
         try:
-            d: dict[str, Any] = json.loads(line)
-            qid = f"prmbench/{d['idx']}"
-            problem = str(d.get("modified_question") or d["question"])
-            steps = [str(s) for s in d["modified_process"]]
-            errors_at = sorted(int(e) for e in d["error_steps"])
-        except (ValueError, KeyError, TypeError) as exc:
-            errors.append(f"{where}: not a PRMBench case ({type(exc).__name__}: {exc}); line skipped")
+            case = _PrmBenchCase.model_validate(line.row)
+        except ValidationError as exc:
+            errors.append(f"{where}: not a PRMBench case ({_first_error(exc)}); line skipped")
+            continue
+        qid = f"prmbench/{case.idx}"
+        problem = case.modified_question or case.question
+        steps = list(case.modified_process)
+        if not problem:
+            errors.append(f"{where}: no 'question' or 'modified_question'; line skipped")
             continue
         if not steps:
             errors.append(f"{where}: no steps; line skipped")
             continue
-        first = errors_at[0] - 1 if errors_at else -1
-        if first >= len(steps):
-            errors.append(f"{where}: error step {first + 1} beyond its {len(steps)} steps; line skipped")
+        first = min(case.error_steps) - 1 if case.error_steps else -1
+        if first >= len(steps) or (case.error_steps and first < 0):
+            errors.append(f"{where}: error step {first + 1} is not one of its {len(steps)} steps; line skipped")
             continue
-        kind = d.get("classification", "?")
-        rows.append(_truncated(qid, f"{qid}/modified", problem, steps, first_error=first, source=f"prmbench:{kind}"))
-        original = [str(s) for s in d.get("original_process") or []]
+        source = f"prmbench:{case.classification}"
+        rows.append(_truncated(qid, f"{qid}/modified", problem, steps, first_error=first, source=source))
+        original = list(case.original_process or [])
         if original:
-            question = str(d.get("original_question") or problem)
+            question = case.original_question or problem
             rows.append(
                 _truncated(qid, f"{qid}/original", question, original, first_error=-1, source="prmbench:original")
             )
@@ -94,15 +126,16 @@ def _prmbench(path: Path) -> tuple[list[SnapshotRow], list[str]]:
 
 
 def _shepherd(path: Path) -> tuple[list[SnapshotRow], list[str]]:
-    rows, errors = [], []
-    for line_no, line in _lines(path):
-        where = f"{path}:{line_no}"
+    rows: list[SnapshotRow] = []
+    errors: list[str] = []
+    for line in read_json_lines(path, errors):
+        where = line.where
         try:
-            d = json.loads(line)
-            text, labelled = str(d["input"]), str(d["label"])
-        except (ValueError, KeyError, TypeError) as exc:
-            errors.append(f"{where}: needs 'input' and 'label' ({type(exc).__name__}); line skipped")
+            d = _ShepherdLine.model_validate(line.row)
+        except ValidationError as exc:
+            errors.append(f"{where}: needs 'input' and 'label' as text ({_first_error(exc)}); line skipped")
             continue
+        text, labelled = d.input, d.label
         parts = text.split(SHEPHERD_TAG)
         if len(parts) < 2:
             errors.append(f"{where}: no '{SHEPHERD_TAG}' step tag in 'input'; line skipped")
@@ -126,8 +159,8 @@ def _shepherd(path: Path) -> tuple[list[SnapshotRow], list[str]]:
             errors.append(f"{where}: 'label' does not put + or - at each of the {len(steps)} tags; line skipped")
             continue
         first = marks.index("-") if "-" in marks else -1
-        qid = f"shepherd/{d.get('task', 'x')}/{hashlib.sha256(question.encode()).hexdigest()[:12]}"
-        rows.append(_truncated(qid, f"{qid}/{line_no}", question, steps, first_error=first, source="shepherd"))
+        qid = f"shepherd/{d.task or 'x'}/{hashlib.sha256(question.encode()).hexdigest()[:12]}"
+        rows.append(_truncated(qid, f"{qid}/{line.line_no}", question, steps, first_error=first, source="shepherd"))
     return rows, errors
 
 

@@ -23,6 +23,11 @@ and only in whole seconds; its timeouts are therefore always switched off here a
 
 A timeout never raises out of the public functions: :func:`answers_equivalent` returns ``False``
 (and logs a warning) and :func:`grade` returns the ``unparseable`` outcome with ``reason="timeout"``.
+
+Length. Answers come from stored text (a gold answer in an event, a step of an imported solution), so
+one can be megabytes long; math-verify would spend its whole budget on each comparison with it (5 s,
+every rollout again: failures are not cached). An answer longer than :data:`MAX_ANSWER_CHARS` is
+compared as a normalised string only, never parsed (real answers are a few dozen characters).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from prmloop.models.answers import answer_or_bare, normalize_answer
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "MAX_ANSWER_CHARS",
     "AnswerCheckTimeout",
     "GradeOutcome",
     "GradeResult",
@@ -57,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 """Per-comparison budget in seconds (math-verify's own default is 5 s)."""
+
+MAX_ANSWER_CHARS = 1_000
+"""Longest answer math-verify is asked to parse; a longer one is compared as a string only."""
 
 _T = TypeVar("_T")
 
@@ -87,7 +96,8 @@ class GradeResult:
         predicted_answer: the answer extracted from the prediction (``None`` if none was found).
         gold_answer: the gold answer as compared (extracted from ``\\boxed{}``/``####`` if it had one).
         reason: how the verdict was reached: ``"string-match"``, ``"math-verify"``, ``"no-answer"``,
-            ``"parse-failed"`` or ``"timeout"``.
+            ``"parse-failed"``, ``"timeout"`` or ``"too-long"`` (the prediction's answer is longer
+            than :data:`MAX_ANSWER_CHARS`).
     """
 
     outcome: GradeOutcome
@@ -237,6 +247,8 @@ class _Verdict(StrEnum):
     GOLD_UNPARSEABLE = "gold-unparseable"
     PRED_UNPARSEABLE = "pred-unparseable"
     TIMEOUT = "timeout"
+    GOLD_TOO_LONG = "gold-too-long"
+    PRED_TOO_LONG = "pred-too-long"
 
 
 @lru_cache(maxsize=1)
@@ -279,6 +291,10 @@ def _compare_in_process(
     """Compare two already-extracted answers; ``gold`` first (math-verify's ``verify`` is asymmetric)."""
     if string_fast_path and normalize_answer(gold) == normalize_answer(pred):
         return _Verdict.EQUAL
+    if len(pred) > MAX_ANSWER_CHARS:
+        return _Verdict.PRED_TOO_LONG
+    if len(gold) > MAX_ANSWER_CHARS:
+        return _Verdict.GOLD_TOO_LONG
     try:
         parsed_pred = _parse(pred, timeout_s)
         if not parsed_pred:
@@ -337,8 +353,9 @@ def answers_equivalent(a: str, b: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, 
     """Whether two extracted answers denote the same mathematical object (symmetric).
 
     Equal :func:`normalize_answer` keys decide at once; otherwise both are parsed with math-verify and
-    compared in both directions. Unparseable answers and timeouts count as not equivalent (a timeout
-    is logged as a warning). Safe to call from any thread (module docstring).
+    compared in both directions. Unparseable answers, answers longer than :data:`MAX_ANSWER_CHARS`
+    and timeouts count as not equivalent (a timeout is logged as a warning). Safe to call from any
+    thread (module docstring).
     ``string_fast_path=False`` always asks math-verify (for testing the parser on known answers).
 
     Examples:
@@ -361,8 +378,9 @@ def grade(prediction: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -
     answer is used as given unless it carries a ``\\boxed{}`` or ``####`` marker.
 
     Outcomes: ``correct`` / ``incorrect`` from math-verify's ``verify(gold, prediction)``; a
-    gold answer math-verify cannot parse is compared as a normalised string; ``unparseable`` when the
-    prediction states no answer, its answer cannot be parsed, or the check ran past ``timeout_s``.
+    gold answer math-verify cannot parse, or one longer than :data:`MAX_ANSWER_CHARS`, is compared as
+    a normalised string; ``unparseable`` when the prediction states no answer, its answer cannot be
+    parsed or is longer than :data:`MAX_ANSWER_CHARS`, or the check ran past ``timeout_s``.
 
     Raises:
         ValueError: if ``gold`` is empty (a data error, not a model error).
@@ -383,6 +401,8 @@ def grade(prediction: str, gold: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -
         _Verdict.GOLD_UNPARSEABLE: (GradeOutcome.INCORRECT, "string-match"),
         _Verdict.PRED_UNPARSEABLE: (GradeOutcome.UNPARSEABLE, "parse-failed"),
         _Verdict.TIMEOUT: (GradeOutcome.UNPARSEABLE, "timeout"),
+        _Verdict.GOLD_TOO_LONG: (GradeOutcome.INCORRECT, "string-match"),
+        _Verdict.PRED_TOO_LONG: (GradeOutcome.UNPARSEABLE, "too-long"),
     }[verdict]
     return GradeResult(outcome, predicted, gold_answer, reason)
 

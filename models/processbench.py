@@ -7,13 +7,16 @@ the file; they are looked up by problem text in GSM8K test (``gsm8k``) or MATH t
 
 Every item is validated with strict types: ``"false"`` is not a boolean, a string is not a list of
 steps, ``null`` is not a list. An item that fails is reported by its position and left out; the rest
-are read.
+are read. The file is one JSON array (gzip-compressed or not), not lines, so a file that is not one
+(cut short, not UTF-8, JSON lines) is refused whole, with a one-line error that says where it broke.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +31,9 @@ __all__ = [
     "processbench_f1",
     "read_processbench",
 ]
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class ProcessBenchFileError(ValueError):
@@ -65,14 +71,28 @@ def read_processbench(path: Path) -> tuple[list[ProcessBenchItem], list[str]]:
     """
     if not path.is_file():
         raise ProcessBenchFileError(f"{path}: no such ProcessBench file (e.g. ../shared/data/processbench/gsm8k.json)")
+    what = "expected one non-empty JSON list of ProcessBench solutions, like ../shared/data/processbench/gsm8k.json"
     try:
-        rows = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        raw = path.read_bytes()
+        if raw[:2] == _GZIP_MAGIC:
+            raw = gzip.decompress(raw)
+        rows = json.loads(raw)
+    except OSError as error:  # also a damaged gzip file (BadGzipFile)
+        raise ProcessBenchFileError(f"{path}: cannot be read ({error}); {what}") from None
+    except (EOFError, zlib.error) as error:
+        raise ProcessBenchFileError(f"{path}: damaged gzip data ({error or 'truncated'}); {what}") from None
+    except UnicodeDecodeError as error:
+        raise ProcessBenchFileError(f"{path}: not UTF-8 (byte {error.start}); {what}") from None
+    except json.JSONDecodeError as error:
+        hint = " (it looks like JSON lines)" if error.msg == "Extra data" else ""
         raise ProcessBenchFileError(
-            f"{path}: not JSON ({type(error).__name__}); expected ProcessBench's list of solutions"
-        ) from error
+            f"{path}: not JSON ({error.msg} at line {error.lineno} column {error.colno}){hint}; {what}"
+        ) from None
+    except RecursionError:
+        raise ProcessBenchFileError(f"{path}: JSON nested too deeply to read; {what}") from None
     if not isinstance(rows, list) or not rows:
-        raise ProcessBenchFileError(f"{path}: expected a non-empty JSON list of ProcessBench solutions")
+        kind = "an empty list" if rows == [] else f"a JSON {type(rows).__name__}"
+        raise ProcessBenchFileError(f"{path}: {kind}; {what}")
     items: list[ProcessBenchItem] = []
     errors: list[str] = []
     for index, row in enumerate(rows):

@@ -1,19 +1,20 @@
 """Question sources: a shared data set or a JSONL file, read into :class:`~prmloop.models.questions.Question`.
 
 Every source returns the questions it could read and one message per input it could not, so a bad
-line never costs the good ones. A question file is read line by line as bytes: a line that is not
-UTF-8, not JSON, nested too deeply, too long, or whose fields have the wrong types (``"id": true`` is
-not an id) is reported as ``<file>:<line>: <what>; line skipped``.
+line never costs the good ones. A question file (plain or gzip) is read by
+:func:`~prmloop.models.jsonl.read_json_lines`: a line that is not UTF-8, not JSON, nested too deeply,
+too long, or whose fields have the wrong types (``"id": true`` is not an id) is reported as
+``<file>:<line>: <what>; line skipped``, and a truncated archive keeps the lines before the damage.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from prmloop.models.jsonl import read_json_lines
 from prmloop.models.questions import Question, load_questions
 
 __all__ = [
@@ -80,60 +81,35 @@ def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[
     errors: list[str] = []
     seen: dict[str, int] = {}
     default_dataset = dataset or f"file:{path.stem}"
-    with path.open("rb") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            where = f"{path}:{line_no}"
-            if len(raw) > MAX_LINE_BYTES:
-                errors.append(f"{where}: line of {len(raw)} bytes is longer than {MAX_LINE_BYTES}; line skipped")
-                continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                errors.append(f"{where}: not UTF-8 (byte {exc.start}); re-encode the file as UTF-8; line skipped")
-                continue
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                errors.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); line skipped")
-                continue
-            except RecursionError:
-                errors.append(f"{where}: JSON nested too deeply; line skipped")
-                continue
-            if not isinstance(row, dict):
-                errors.append(f"{where}: expected a JSON object, got {type(row).__name__}; line skipped")
-                continue
-            try:
-                parsed = QuestionLine.from_row(row)
-            except ValidationError as exc:
-                errors.append(f"{where}: {_first_error(exc)}; line skipped")
-                continue
-            except RecursionError:
-                errors.append(f"{where}: metadata nested too deeply; line skipped")
-                continue
-            qid = str(parsed.id).strip()
-            if not qid:
-                errors.append(f"{where}: empty 'id'; line skipped")
-                continue
-            if not str(parsed.gold_answer).strip():
-                errors.append(
-                    f"{where}: question {qid!r} has an empty gold answer; solutions cannot be graded; line skipped"
-                )
-                continue
-            if qid in seen:
-                errors.append(f"{where}: duplicate id {qid!r} (first on line {seen[qid]}); line skipped")
-                continue
-            seen[qid] = line_no
-            questions.append(
-                Question(
-                    id=qid,
-                    dataset=parsed.dataset or default_dataset,
-                    problem=parsed.problem,
-                    gold_answer=str(parsed.gold_answer),
-                    metadata={**parsed.metadata, "source": where},
-                )
+    for line in read_json_lines(path, errors, max_line_bytes=MAX_LINE_BYTES):
+        where = line.where
+        try:
+            parsed = QuestionLine.from_row(line.row)
+        except ValidationError as exc:
+            errors.append(f"{where}: {_first_error(exc)}; line skipped")
+            continue
+        qid = str(parsed.id).strip()
+        if not qid:
+            errors.append(f"{where}: empty 'id'; line skipped")
+            continue
+        if not str(parsed.gold_answer).strip():
+            errors.append(
+                f"{where}: question {qid!r} has an empty gold answer; solutions cannot be graded; line skipped"
             )
+            continue
+        if qid in seen:
+            errors.append(f"{where}: duplicate id {qid!r} (first on line {seen[qid]}); line skipped")
+            continue
+        seen[qid] = line.line_no
+        questions.append(
+            Question(
+                id=qid,
+                dataset=parsed.dataset or default_dataset,
+                problem=parsed.problem,
+                gold_answer=str(parsed.gold_answer),
+                metadata={**parsed.metadata, "source": where},
+            )
+        )
     return questions, errors
 
 

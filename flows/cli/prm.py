@@ -82,19 +82,27 @@ def import_(
     root: RootOption = None,
     ratios: RatiosOption = "0.5,0.0,0.5",
 ) -> None:
-    """Import outside step-labelled data as a snapshot (steps after the first error are dropped)."""
+    """Import outside step-labelled data as a snapshot (steps after the first error are dropped).
+
+    Bad lines are reported as file:line: reason and skipped; the good lines are imported. A truncated
+    or damaged .gz keeps what was read before the damage and says at which line it ended."""
     from prmloop.flows.datasets import import_rows
     from prmloop.store.snapshot import write_snapshot
 
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} not found; nothing imported")
     rows: list[Any] = []
     for file in files:
         found, errors = import_rows(kind, file)
         for message in errors[:20]:
-            _say(f"skipped: {message}")
+            _say(message)
         if len(errors) > 20:
-            _say(f"... and {len(errors) - 20} more lines skipped")
-        _say(f"{file}: {len(found)} solutions read, {len(errors)} lines skipped")
+            _say(f"... and {len(errors) - 20} more problems in {file}")
+        _say(f"{file}: {len(found)} solutions read, {len(errors)} problem{'' if len(errors) == 1 else 's'}")
         rows.extend(found)
+    if not rows:
+        raise ValueError(f"nothing imported: no usable {kind} solution in {', '.join(str(f) for f in files)}")
     manifest = write_snapshot(
         rows, _root(root), selection={"import": kind, "files": [str(f) for f in files]}, ratios=_ratios(ratios)
     )

@@ -140,8 +140,10 @@ def export(
     views: Annotated[list[str], typer.Argument(help="tables or views to export (e.g. current_labels steps)")],
     out: Annotated[str, typer.Option("--out", "-o", help="folder for <view>.parquet files")] = "export",
     db: DbOption = None,
+    force: Annotated[bool, typer.Option("--force", help="replace <view>.parquet files that exist")] = False,
 ) -> None:
     """Write tables or views of the store as Parquet files (streamed; a file appears only when whole).
+    Refuses to overwrite an existing <view>.parquet unless --force (then says what it replaced).
     Prints one JSON line per file."""
     from pathlib import Path
 
@@ -150,7 +152,14 @@ def export(
     def progress(p: dict[str, object]) -> None:
         err.print(f"export: {p['view']}: {p['rows']} rows", highlight=False)
 
-    for row in export_views(db_path(db), views, Path(out), progress=progress):
+    for row in export_views(db_path(db), views, Path(out), force=force, progress=progress):
+        if row["replaced_bytes"] is not None:
+            err.print(
+                f"export: replaced {row['path']} ({row['replaced_bytes']} bytes before)",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         typer.echo(json.dumps(row))
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -22,6 +23,7 @@ from prmloop.models.arith.equations import (
     show,
     stated_numbers,
 )
+from prmloop.models.arith.limits import BeyondLimits, ReadingBudget
 
 # --------------------------------------------------------------------------------------------------
 # The checker
@@ -46,6 +48,11 @@ class StepCheck:
         wrong_step: the first step found wrong even when an unverified step before it makes the
             location unknown (a hint, not a label).
         equations: how many equations were read.
+        beyond_limits: the checker stopped reading at a limit of :mod:`prmloop.models.arith.limits`
+            (``status`` is ``"unknown"``, ``reason`` names the limit).
+        chars_read: characters of the solution scanned (its work is linear in them).
+        pairs_tried: pairs of numbers tried for a single operation that gives a stated number (the
+            only part of the work that is not linear; bounded by the limits).
     """
 
     status: Literal["exact", "unknown"]
@@ -54,6 +61,9 @@ class StepCheck:
     verdicts: tuple[StepVerdict, ...] = field(default=())
     wrong_step: int | None = None
     equations: int = 0
+    beyond_limits: bool = False
+    chars_read: int = 0
+    pairs_tried: int = 0
 
     @property
     def exact(self) -> bool:
@@ -83,19 +93,43 @@ def _same_operation(single: tuple[str, Fraction, Fraction], step: ChainStep) -> 
     return (a, b) == (left, right) or (op in ("+", "*") and (b, a) == (left, right))
 
 
-def _one_operation(values: Sequence[Fraction]) -> set[Fraction]:
-    """Every ``a op b`` for two known numbers at different positions of ``values`` (so ``4 * 4`` only
-    when 4 is known twice; constants are left out by the caller: ``x + 1`` would make every
-    off-by-one slip look derivable)."""
-    out: set[Fraction] = set()
-    for i, a in enumerate(values):
-        for j, b in enumerate(values):
-            if i == j:
-                continue
-            out.update((a + b, a - b, a * b))
-            if b != 0:
-                out.add(a / b)
-    return out
+def _one_operation_gives(target: Fraction, counts: Counter[Fraction], budget: ReadingBudget) -> bool:
+    """Whether ``a op b == target`` for two known numbers at different positions (``counts``: how
+    often each number is known; so ``4 * 4`` only when 4 is known twice). Constants are left out by
+    the caller: ``x + 1`` would make every off-by-one slip look derivable.
+
+    One pass over the distinct numbers, solving each operation for ``b`` (linear, where listing every
+    ``a op b`` is quadratic in the numbers known). When every number is whole, so is any ``b`` that
+    can be known, and plain integers stand in for fractions (about three times faster).
+    """
+    total = sum(counts.values())
+    nonzero = total - counts.get(Fraction(0), 0)
+    whole = target.denominator == 1 and all(k.denominator == 1 for k in counts)
+    values: dict[Fraction | int, int] = {(k.numerator if whole else k): n for k, n in counts.items()}
+    goal: Fraction | int = target.numerator if whole else target
+    for a, times in values.items():
+        budget.pairs_tried += 1
+        candidates: list[Fraction | int | None] = [goal - a, a - goal]  # a + b, a - b
+        if a != 0:
+            candidates.append(_quotient(goal, a, whole))  # a * b
+        elif goal == 0 and total >= 2:
+            return True  # 0 * b
+        if goal != 0:
+            if a != 0:
+                candidates.append(_quotient(a, goal, whole))  # a / b, b != 0
+        elif a == 0 and nonzero >= 1:
+            return True  # 0 / b with b != 0
+        if any(b is not None and b in values and (b != a or times >= 2) for b in candidates):
+            return True
+    return False
+
+
+def _quotient(x: Fraction | int, y: Fraction | int, whole: bool) -> Fraction | int | None:
+    """``x / y``; for integers only when exact (``None`` otherwise: no whole number is that quotient)."""
+    if not whole:
+        return Fraction(x) / y
+    assert isinstance(x, int) and isinstance(y, int)
+    return x // y if x % y == 0 else None
 
 
 def _fmt(value: Fraction) -> str:
@@ -179,8 +213,25 @@ def check_steps(
     Numbers are read with ``1,000`` -> 1000, ``$5`` -> 5, ``5.0`` -> 5; ``x``, ``×``, ``*``,
     ``\\times``, ``\\cdot`` multiply; ``÷``, ``/`` and ``\\div`` divide; ``Step 3:`` labels and
     ordinals (``2nd``) are not numbers.
+
+    Limits (:mod:`prmloop.models.arith.limits`): a solution longer than the checker reads (steps,
+    characters, written numbers, digits of a number, terms of an expression, nesting, digits of a
+    computed value) is ``"unknown"`` from the step that passes the limit on (``beyond_limits``; the
+    reason names the limit); a wrong step before it is still found. The work is linear in the
+    characters read, and a step is measured before it is read.
     """
-    chain = _as_chain(question_chain)
+    budget = ReadingBudget()
+    check = _check(_as_chain(question_chain), steps, constants, strictness, budget)
+    return replace(check, chars_read=budget.chars_read, pairs_tried=budget.pairs_tried)
+
+
+def _check(
+    chain: ArithChain,
+    steps: Sequence[str],
+    constants: Iterable[int],
+    strictness: Literal["equations", "numbers", "lenient"],
+    budget: ReadingBudget,
+) -> StepCheck:
     gold = Fraction(chain.answer)
     allowed = {Fraction(c) for c in constants}
     on_chain = {Fraction(n) for n in chain.numbers} | {Fraction(r) for r in chain.results} | allowed
@@ -190,96 +241,106 @@ def check_steps(
     first_unverified: int | None = None
     equation_count = 0
     answer_stated = False
-
-    for index, step in enumerate(steps):
-        equations = find_equations(step)
-        equation_count += len(equations)
-        wrong: str | None = None
-        derived: list[Fraction] = []
-        unreadable = False
-        off_chain: list[Fraction] = []
-        for equation in equations:
-            if None in equation.values():
-                # A side that is not a well-formed expression ("10 2 * 39"): read wrongly, so no verdict.
-                unreadable = True
-                continue
-            if not equation.holds:
-                values = ", ".join("?" if v is None else _fmt(v) for v in equation.values())
-                wrong = f"step {index}: false equation {equation.text} (sides evaluate to {values})"
-                break
-            unknown = [n for n in equation.operands() if n not in known and n not in derived]
-            if unknown:
-                wrong = (
-                    f"step {index}: {equation.text} uses {_fmt(unknown[0])}, "
-                    "which is neither in the question nor derived"
-                )
-                break
-            # One operation must be a step of the reference chain whose operands are at hand
-            # ("3 * 3 = 9" is not, when 9 is the answer of 3 * 4 - 3); a longer expression may
-            # reach any value of the chain ("3 + 4 + 5 = 12").
-            have = known | set(derived)
-            at_hand = [c for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= have]
-            single = _single_operation(equation)
-            vouched = (
-                any(_same_operation(single, c) for c in at_hand)
-                if single is not None
-                else all(r in on_chain for r in equation.results())
-            )
-            if not vouched:
-                off_chain.extend(equation.results())
-            derived.extend(equation.results())
-        answer = _final_answer(step)
-        stated = [] if answer is not None else stated_numbers(step)
-        if wrong is None and answer is not None and answer != "unparsed":
-            answer_stated = True
-            if answer != gold:
-                wrong = f"step {index}: states the final answer {_fmt(answer)}, but the answer is {_fmt(gold)}"
-        # A number stated without an equation is vouched for only if it could be had by now: a
-        # question number, an earlier result, or the next result of the reference chain.
-        so_far = known | set(derived)
-        next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
-        if wrong is None:
-            pool = [Fraction(n) for n in chain.numbers] + [k for k in so_far if k not in question_numbers | allowed]
-            reachable = _one_operation(pool) | next_results
-            for number in stated:
-                if number not in known and number not in derived and number not in reachable:
-                    wrong = f"step {index}: states {_fmt(number)}, which no operation on known numbers gives"
+    index = 0
+    try:
+        for index, step in enumerate(steps):
+            budget.admit(step)
+            equations = find_equations(step)
+            equation_count += len(equations)
+            wrong: str | None = None
+            derived: list[Fraction] = []
+            unreadable = False
+            off_chain: list[Fraction] = []
+            for equation in equations:
+                if None in equation.values():
+                    # A side that is not a well-formed expression ("10 2 * 39"): read wrongly, so no verdict.
+                    unreadable = True
+                    continue
+                if not equation.holds:
+                    values = ", ".join("?" if v is None else _fmt(v) for v in equation.values())
+                    wrong = f"step {index}: false equation {equation.text} (sides evaluate to {values})"
                     break
-        if wrong is not None:
-            verdicts.append("wrong")
-            if first_unverified is None:
-                return StepCheck("exact", index, wrong, tuple(verdicts), index, equation_count)
-            return StepCheck(
-                "unknown",
-                None,
-                f"{wrong}; but step {first_unverified} before it could not be verified",
-                tuple(verdicts),
-                index,
-                equation_count,
+                unknown = [n for n in equation.operands() if n not in known and n not in derived]
+                if unknown:
+                    wrong = (
+                        f"step {index}: {equation.text} uses {_fmt(unknown[0])}, "
+                        "which is neither in the question nor derived"
+                    )
+                    break
+                # One operation must be a step of the reference chain whose operands are at hand
+                # ("3 * 3 = 9" is not, when 9 is the answer of 3 * 4 - 3); a longer expression may
+                # reach any value of the chain ("3 + 4 + 5 = 12").
+                have = known | set(derived)
+                at_hand = [c for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= have]
+                single = _single_operation(equation)
+                vouched = (
+                    any(_same_operation(single, c) for c in at_hand)
+                    if single is not None
+                    else all(r in on_chain for r in equation.results())
+                )
+                if not vouched:
+                    off_chain.extend(equation.results())
+                derived.extend(equation.results())
+            answer = _final_answer(step)
+            stated = [] if answer is not None else stated_numbers(step)
+            if wrong is None and answer is not None and answer != "unparsed":
+                answer_stated = True
+                if answer != gold:
+                    wrong = f"step {index}: states the final answer {_fmt(answer)}, but the answer is {_fmt(gold)}"
+            # A number stated without an equation is vouched for only if it could be had by now: a
+            # question number, an earlier result, or the next result of the reference chain.
+            so_far = known | set(derived)
+            next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
+            if wrong is None:
+                pool = [Fraction(n) for n in chain.numbers] + [k for k in so_far if k not in question_numbers | allowed]
+                counts = Counter(pool)
+                for number in stated:
+                    if number in known or number in derived or number in next_results:
+                        continue
+                    if not _one_operation_gives(number, counts, budget):
+                        wrong = f"step {index}: states {_fmt(number)}, which no operation on known numbers gives"
+                        break
+            if wrong is not None:
+                verdicts.append("wrong")
+                if first_unverified is None:
+                    return StepCheck("exact", index, wrong, tuple(verdicts), index, equation_count)
+                return StepCheck(
+                    "unknown",
+                    None,
+                    f"{wrong}; but step {first_unverified} before it could not be verified",
+                    tuple(verdicts),
+                    index,
+                    equation_count,
+                )
+            stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (
+                allowed - question_numbers
             )
-        stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (allowed - question_numbers)
-        fresh = off_chain + [n for n in bare_expression_values(step) if n not in on_chain]
-        words = [n for n in number_words(step) if n not in allowed]  # "one of them" claims nothing
-        fresh += [n for n in (*stated, *words) if n not in stateable]
-        # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
-        # result (of the chain or of this solution's equations), not a restated question number.
-        results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
-        fresh += [n for n in result_claims(step) if n not in results and answer is None]
-        prose_only = not equations and not stated and answer is None
-        unchecked = {
-            "lenient": False,
-            "numbers": prose_only,
-            # Only an equation, or the gold answer, vouches for a step: restatements do not.
-            "equations": not equations and answer is None,
-        }[strictness]
-        if fresh or unreadable or unchecked:
-            verdicts.append("unverified")
-            if first_unverified is None:
-                first_unverified = index
-        else:
-            verdicts.append("verified")
-        known.update(derived)
-        known.update(stated)
+            fresh = off_chain + [n for n in bare_expression_values(step) if n not in on_chain]
+            words = [n for n in number_words(step) if n not in allowed]  # "one of them" claims nothing
+            fresh += [n for n in (*stated, *words) if n not in stateable]
+            # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
+            # result (of the chain or of this solution's equations), not a restated question number.
+            results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
+            fresh += [n for n in result_claims(step) if n not in results and answer is None]
+            prose_only = not equations and not stated and answer is None
+            unchecked = {
+                "lenient": False,
+                "numbers": prose_only,
+                # Only an equation, or the gold answer, vouches for a step: restatements do not.
+                "equations": not equations and answer is None,
+            }[strictness]
+            if fresh or unreadable or unchecked:
+                verdicts.append("unverified")
+                if first_unverified is None:
+                    first_unverified = index
+            else:
+                verdicts.append("verified")
+            known.update(derived)
+            known.update(stated)
+    except BeyondLimits as error:
+        return StepCheck(
+            "unknown", None, f"step {index}: cannot decide: {error}", tuple(verdicts), None, equation_count, True
+        )
 
     if not steps:
         return StepCheck("unknown", None, "no steps to check", (), None, 0)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+
+from prmloop.models.arith.limits import MAX_EXPRESSION_TERMS, MAX_NESTING, BeyondLimits, check_value
 
 # --------------------------------------------------------------------------------------------------
 # Reading numbers and equations in free text
@@ -107,8 +110,14 @@ def has_operator(side: Sequence[str | Fraction]) -> bool:
 
 
 def evaluate(tokens: Sequence[str | Fraction]) -> Fraction | None:
-    """Value of an expression of numbers, ``+ - * /`` and parentheses (usual precedence), or ``None``."""
+    """Value of an expression of numbers, ``+ - * /`` and parentheses (usual precedence), or ``None``.
+
+    Raises:
+        BeyondLimits: parentheses or signs nested more than :data:`~prmloop.models.arith.limits.MAX_NESTING`
+            deep, or a value too long to compute with (see :mod:`prmloop.models.arith.limits`).
+    """
     position = 0
+    depth = 0
 
     def peek() -> str | Fraction | None:
         return tokens[position] if position < len(tokens) else None
@@ -126,7 +135,7 @@ def evaluate(tokens: Sequence[str | Fraction]) -> Fraction | None:
             right = term()
             if right is None:
                 return None
-            value = value + right if op == "+" else value - right
+            value = check_value(value + right if op == "+" else value - right)
         return value
 
     def term() -> Fraction | None:
@@ -137,20 +146,28 @@ def evaluate(tokens: Sequence[str | Fraction]) -> Fraction | None:
             right = factor()
             if right is None or (op == "/" and right == 0):
                 return None
-            value = value * right if op == "*" else value / right
+            value = check_value(value * right if op == "*" else value / right)
         return value
 
     def factor() -> Fraction | None:
+        nonlocal depth
         token = take()
         if isinstance(token, Fraction):
             return token
-        if token == "-":
-            inner = factor()
-            return None if inner is None else -inner
-        if token == "(":
+        if token not in ("-", "("):
+            return None
+        # Each level is a recursive call: bounded, so that "((((...))))" cannot exhaust the stack.
+        depth += 1
+        if depth > MAX_NESTING:
+            raise BeyondLimits(f"parentheses or signs nested more than {MAX_NESTING} deep (limit MAX_NESTING)")
+        try:
+            if token == "-":
+                inner = factor()
+                return None if inner is None else -inner
             value = expression()
             return value if take() == ")" else None
-        return None
+        finally:
+            depth -= 1
 
     if not tokens:
         return None
@@ -169,6 +186,9 @@ def runs(text: str) -> list[list[str | Fraction]]:
     whitespace, with two exceptions that keep ``3 apples + 4 apples = 7 apples`` and ``3 x 4`` whole:
     one word right after a number is skipped when an operator or ``=`` follows it, and a lone ``x``
     between two numbers is a multiplication sign.
+
+    Raises:
+        BeyondLimits: a run of more than :data:`~prmloop.models.arith.limits.MAX_EXPRESSION_TERMS` tokens.
     """
     raw = [(kind, value) for kind, value in _tokens(text) if kind != "space"]
     runs: list[list[str | Fraction]] = []
@@ -191,6 +211,9 @@ def runs(text: str) -> list[list[str | Fraction]]:
             current = []
     if current:
         runs.append(current)
+    longest = max((len(run) for run in runs), default=0)
+    if longest > MAX_EXPRESSION_TERMS:
+        raise BeyondLimits(f"an expression of {longest} terms (limit MAX_EXPRESSION_TERMS={MAX_EXPRESSION_TERMS})")
     return runs
 
 
@@ -218,10 +241,13 @@ def find_equations(text: str) -> list[Equation]:
 
 
 def _trim(side: list[str | Fraction]) -> list[str | Fraction]:
-    while side and side[-1] in ("+", "-", "*", "/", "("):
-        side = side[:-1]
-    while side and side[0] in ("+", "*", "/", ")"):
-        side = side[1:]
+    # Indices, not repeated slicing: a run ending in many operators stays linear.
+    start, end = 0, len(side)
+    while end > start and side[end - 1] in ("+", "-", "*", "/", "("):
+        end -= 1
+    while start < end and side[start] in ("+", "*", "/", ")"):
+        start += 1
+    side = side[start:end]
     if side.count("(") != side.count(")"):
         side = [t for t in side if t not in ("(", ")")]
     return side
@@ -235,12 +261,14 @@ def show(token: str | Fraction) -> str:
 
 def stated_numbers(text: str) -> list[Fraction]:
     """Numbers of ``text`` outside its equations (labels, ordinals and the answer sentence removed)."""
-    runs_numbers = [n for eq in find_equations(text) for n in eq.numbers()]
-    all_numbers = [t for tokens in runs(text) for t in tokens if isinstance(t, Fraction)]
-    remaining = list(all_numbers)
-    for n in runs_numbers:
-        if n in remaining:
-            remaining.remove(n)
+    # Each number of an equation cancels one occurrence of it, the first (a multiset difference).
+    in_equations = Counter(n for eq in find_equations(text) for n in eq.numbers())
+    remaining = []
+    for n in (t for tokens in runs(text) for t in tokens if isinstance(t, Fraction)):
+        if in_equations[n] > 0:
+            in_equations[n] -= 1
+        else:
+            remaining.append(n)
     return remaining
 
 

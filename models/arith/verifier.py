@@ -34,12 +34,15 @@ def chain_of(question_id: str) -> ArithChain | None:
 
 @dataclass(frozen=True)
 class ExactVerdict:
-    """``first_error_step`` (``None``: no wrong step) is meaningful only when ``decided``."""
+    """``first_error_step`` (``None``: no wrong step) is meaningful only when ``decided``;
+    ``beyond_limits``: undecided because the solution is larger than the checker reads (``reason``
+    names the limit, see :mod:`prmloop.models.arith.limits`)."""
 
     decided: bool
     first_error_step: int | None
     reason: str
     wall_time_s: float
+    beyond_limits: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,4 +62,4 @@ class ExactVerifier:
         check = check_steps(chain, steps, strictness=self.strictness)
         decided = check.status == "exact"
         first = check.first_error_step if decided else None
-        return ExactVerdict(decided, first, check.reason, time.perf_counter() - started)
+        return ExactVerdict(decided, first, check.reason, time.perf_counter() - started, check.beyond_limits)

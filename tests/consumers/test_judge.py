@@ -75,3 +75,53 @@ def test_the_judge_service_publishes_one_verdict_per_solution(
         assert [j.step_index for j in payload.judgments] == [0, 1]
         assert payload.step_entropy is not None and payload.step_entropy[2] is None
         assert payload.cost.verified_steps == 2 and payload.judge == REF
+
+
+def test_a_step_too_long_to_check_leaves_the_exact_judge_undecided_at_once(
+    kafka_bootstrap: str, topic_reader: Any
+) -> None:
+    # Issue 25: a 0.9 MB step of "9999 * " held the exact judge for minutes (a product of 512,000
+    # digits, built one multiplication at a time), then was dead-lettered with a ValueError.
+    from prmloop.models.arith import arith_question_id, generate_question
+
+    run = uuid.uuid4().hex[:8]
+    topic = f"test-judge-exact-{run}"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1), TopicSpec(dlq_topic(topic), 1)])
+    ensure_topics(kafka_bootstrap)
+    question = generate_question(1, 0, 0)
+
+    def scored(sid: str, steps: tuple[str, ...]) -> Envelope:
+        payload = StepsScored(
+            solution_id=sid,
+            question_id=arith_question_id(1, 0, 0),
+            scorer=REF,
+            step_uncertainty=None,
+            uncertainty_delta=None,
+            step_order=None,
+            problem=question.problem,
+            steps=steps,
+            correct=False,
+            gold_answer=str(question.answer),
+        )
+        return make_event(payload, producer="test")
+
+    hostile = scored(f"x-{run}-hostile", ("9999 * " * 128_000 + "= 1",))
+    fine = scored(f"x-{run}-fine", tuple(question.reference_steps))
+    with EventProducer(kafka_bootstrap) as producer:
+        for event in (hostile, fine):  # one partition: the good solution waits behind the hostile one
+            producer.send_raw(topic, event.correlation_id.encode(), encode_event(event), [])
+    stats = run_judge(
+        JudgeSettings(method="exact", group=f"judge-{run}", topic=topic, until_idle=3),
+        bootstrap_servers=kafka_bootstrap,
+        install_signal_handlers=False,
+    )
+    assert stats["judged"] == 2 and stats["dead_lettered"] == 0 and stats["beyond_limits"] == 1
+    assert stats["wall_s"] < 60  # broker start-up and the idle wait; the check itself is milliseconds
+    verdicts = {
+        e.payload.solution_id: e.payload
+        for e in topic_reader(kafka_bootstrap, [StepsJudged.TOPIC])
+        if isinstance(e.payload, StepsJudged) and e.payload.solution_id.startswith(f"x-{run}")
+    }
+    assert verdicts[hostile.payload.solution_id].verdicts == (None,)  # undecided, not an error
+    assert verdicts[fine.payload.solution_id].first_error_step is None
+    assert all(v is True for v in verdicts[fine.payload.solution_id].verdicts)

@@ -79,3 +79,18 @@ def test_the_arith_source_generates_the_curriculum_at_a_level() -> None:
     assert all(q.metadata["level"] == 2 and "chain" in q.metadata for q in questions)
     again, _ = load_source(dataset="arith", limit=3, level=2, seed=5)
     assert [q.problem for q in again] == [q.problem for q in questions]
+
+
+def test_a_truncated_gzip_question_file_keeps_the_questions_before_the_cut(tmp_path: Path) -> None:
+    import gzip
+
+    data = b"".join(
+        json.dumps({"id": f"q{i}", "problem": f"{i}+1?", "answer": str(i + 1)}).encode() + b"\n" for i in range(400)
+    )
+    packed = gzip.compress(data)
+    path = tmp_path / "q.jsonl.gz"
+    path.write_bytes(packed[: len(packed) * 3 // 4])
+    questions, errors = read_question_file(path)
+    assert 0 < len(questions) < 400 and [q.id for q in questions] == [f"q{i}" for i in range(len(questions))]
+    [error] = errors
+    assert error.startswith(f"{path}:{len(questions) + 1}: the file ends early (truncated?)")
