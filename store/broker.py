@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -199,11 +200,56 @@ class EmbeddedBroker:
         self.stop()
 
 
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What ``broker.json`` says about the embedded broker: its address, its cluster id (new at every
+    start, so a restarted broker is told apart from the one before even on the same port) and pids."""
+
+    bootstrap_servers: str
+    cluster_id: str | None = None
+    pid: int | None = None
+    broker_pid: int | None = None
+
+    @property
+    def reachable(self) -> bool:
+        host, port = self.bootstrap_servers.rsplit(":", 1)
+        return port_open(host, int(port))
+
+    def describe(self) -> str:
+        return f"{self.bootstrap_servers} (cluster {self.cluster_id or 'unknown'})"
+
+
 def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
     state.home.mkdir(parents=True, exist_ok=True)
-    info = {"bootstrap_servers": broker.bootstrap_servers, "pid": os.getpid(), "broker_pid": broker.pid}
-    state.broker_file.write_text(json.dumps(info))
+    info = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "cluster_id": broker.cluster_id,
+        "pid": os.getpid(),
+        "broker_pid": broker.pid,
+    }
+    # Written whole and renamed: a service following the file never reads half of it.
+    tmp = state.broker_file.with_name(f".{state.broker_file.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(state.broker_file)
     return state.broker_file
+
+
+def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
+    """The broker ``broker.json`` names (alive or not), or None without a readable file."""
+    state = state or StateSettings()
+    try:
+        info = json.loads(state.broker_file.read_text())
+        servers = str(info["bootstrap_servers"])
+        int(servers.rsplit(":", 1)[1])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+    def number(key: str) -> int | None:
+        value = info.get(key)
+        return value if isinstance(value, int) else None
+
+    cluster = info.get("cluster_id")
+    return BrokerInfo(servers, str(cluster) if cluster else None, number("pid"), number("broker_pid"))
 
 
 def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str | None:
@@ -211,13 +257,8 @@ def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSetti
     kafka = kafka or KafkaSettings()
     if kafka.bootstrap_servers:
         return kafka.bootstrap_servers
-    state = state or StateSettings()
-    try:
-        info = json.loads(state.broker_file.read_text())
-        host, port = str(info["bootstrap_servers"]).rsplit(":", 1)
-    except (OSError, ValueError, KeyError):
-        return None
-    return f"{host}:{port}" if port_open(host, int(port)) else None
+    info = read_broker_file(state)
+    return info.bootstrap_servers if info is not None and info.reachable else None
 
 
 def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str:

@@ -1,0 +1,130 @@
+"""Services follow a replaced embedded broker: `prmloop broker` SIGKILLed, a new one on another port
+with a new cluster id (broker.json rewritten), and the running sink (every partition, no group) and
+scorer (a consumer group that publishes) notice within seconds, say so, move to the new broker, and
+everything published there is stored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from prmloop.models.simulator import SimulatorOptions
+from prmloop.producers.simulated import simulated_events
+from prmloop.store.broker import BrokerInfo, read_broker_file
+from prmloop.store.duck import StoreLocked, query
+from prmloop.store.follow import read_links
+from prmloop.store.settings import StateSettings
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "PREFECT_API_URL"))}
+    env["PRMLOOP_HOME"] = str(home)
+    env.pop("PRMLOOP_STORE", None)
+    return env
+
+
+def _spawn(home: Path, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "prmloop.flows.cli", *args], env=_env(home), stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _simulate(home: Path, n: int, seed: int) -> subprocess.CompletedProcess[bytes]:
+    """`prmloop simulate`: ``n`` simulated questions and solutions, published to the broker of broker.json."""
+    args = ["simulate", "--sim-n", str(n), "--sim-seed", str(seed)]
+    return subprocess.run(
+        [sys.executable, "-m", "prmloop.flows.cli", *args], env=_env(home), check=False, capture_output=True
+    )
+
+
+def _start_broker(home: Path, wait_for: Callable[..., None], previous: BrokerInfo | None) -> subprocess.Popen[bytes]:
+    proc = _spawn(home, home / "broker-cli.log", "broker", "--partitions", "2")
+
+    def announced() -> bool:
+        info = read_broker_file(StateSettings(home=home))
+        return info is not None and info != previous and info.pid == proc.pid and info.reachable
+
+    wait_for(announced, 60, "the embedded broker to announce itself in broker.json")
+    return proc
+
+
+def _stored(home: Path, sql: str) -> int:
+    db = home / "prmloop.duckdb"
+    if not db.exists():
+        return 0
+    try:
+        return int(query(db, sql, timeout_s=5).rows[0][0])
+    except StoreLocked:
+        return -1
+
+
+def _solutions(seed: int, n: int) -> list[str]:
+    events = simulated_events(SimulatorOptions(sim_n=n, sim_seed=seed).world()[1], seed)
+    return [e.correlation_id for e in events if e.event_type == "SolutionSampled"]
+
+
+def _all_scored_and_stored(home: Path, solution_ids: list[str]) -> Callable[[], bool]:
+    ids = ",".join(f"'{s}'" for s in solution_ids)
+    sql = (
+        "SELECT count(DISTINCT correlation_id || event_type) FROM events "
+        f"WHERE event_type IN ('SolutionSampled', 'StepsScored') AND correlation_id IN ({ids})"
+    )
+    return lambda: _stored(home, sql) == 2 * len(solution_ids)
+
+
+def test_running_services_follow_a_replaced_broker_and_lose_nothing_published_after(
+    tmp_path: Path, wait_until: Callable[..., None]
+) -> None:
+    home = tmp_path
+    state = StateSettings(home=home)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        broker = _start_broker(home, wait_until, None)
+        procs.append(broker)
+        first = read_broker_file(state)
+        assert first is not None and first.cluster_id
+        sink_log, scorer_log = home / "sink.log", home / "scorer.log"
+        procs.append(_spawn(home, sink_log, "sink"))
+        procs.append(_spawn(home, scorer_log, "score", "--max-batch", "8"))
+
+        assert _simulate(home, 6, 31).returncode == 0
+        wait_until(_all_scored_and_stored(home, _solutions(31, 6)), 90, "the first solutions scored and stored")
+
+        broker.send_signal(signal.SIGKILL)  # its Tansu dies with it; broker.json stays, naming a closed port
+        broker.wait(timeout=10)
+        wait_until(lambda: not first.reachable, 15, "the killed broker's port to close")
+        for log in (sink_log, scorer_log):
+            wait_until(lambda log=log: "is gone" in log.read_text(), 15, f"{log.name} to notice the broker is gone")
+
+        procs.append(_start_broker(home, wait_until, first))
+        second = read_broker_file(state)
+        assert second is not None and second.bootstrap_servers != first.bootstrap_servers
+        assert second.cluster_id and second.cluster_id != first.cluster_id
+
+        published = _simulate(home, 20, 32)  # a fresh command: it finds the new broker in broker.json
+        assert published.returncode == 0, published.stderr
+        wait_until(_all_scored_and_stored(home, _solutions(32, 20)), 60, "every solution published after the restart")
+
+        for log in (sink_log, scorer_log):
+            text = log.read_text()
+            assert f"the broker was replaced: {first.describe()} -> {second.describe()}" in text, text[-3000:]
+        links = {link["service"]: link for link in read_links(state)}
+        for service, proc in (("sink", procs[1]), ("scorer", procs[2])):
+            assert links[service]["pid"] == proc.pid
+            assert (links[service]["cluster_id"], links[service]["reachable"]) == (second.cluster_id, True)
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert read_links(state) == [], "a stopped service left its link record behind"
