@@ -1,7 +1,8 @@
 """Services follow a replaced embedded broker: `prmloop broker` SIGKILLed, a new one on another port
 with a new cluster id (broker.json rewritten), and the running sink (every partition, no group) and
 scorer (a consumer group that publishes) notice within seconds, say so, move to the new broker, and
-everything published there is stored."""
+everything published there is stored. A runtime that moves while its handler works commits nothing
+of the old broker's on the new one."""
 
 from __future__ import annotations
 
@@ -9,15 +10,24 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.broker import BrokerInfo, read_broker_file
+from prmloop.store.broker import BrokerInfo, EmbeddedBroker, read_broker_file, write_broker_file
+from prmloop.store.codec import encode_event
+from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.duck import StoreLocked, query
+from prmloop.store.events import QuestionRegistered, make_event
 from prmloop.store.follow import read_links
-from prmloop.store.settings import StateSettings
+from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.settings import KafkaSettings, StateSettings
+from prmloop.store.topics import TopicSpec
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -128,3 +138,75 @@ def test_running_services_follow_a_replaced_broker_and_lose_nothing_published_af
                 proc.kill()
                 proc.wait(timeout=10)
     assert read_links(state) == [], "a stopped service left its link record behind"
+
+
+def _committed(servers: str, group: str, topic: str) -> int | None:
+    consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=group))
+    try:
+        return consumer.committed(TopicPartition(topic, 0))
+    finally:
+        consumer.close(autocommit=False)
+
+
+def _question(i: int) -> bytes:
+    return encode_event(make_event(QuestionRegistered(question_id=f"q{i}", dataset="d", problem=f"p{i}"), producer="t"))
+
+
+def test_a_switch_during_long_work_commits_nothing_of_the_old_broker_on_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait_until: Callable[..., None]
+) -> None:
+    """The runtime moves while its handler works (MC rollouts take minutes); the batch in hand is
+    finished, but its offsets, which are the old broker's, are not committed on the new broker."""
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path))
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    state = StateSettings(home=tmp_path)
+    topic, group = "follow-test", "follow-test-group"
+    seen: list[str] = []
+    working, release = threading.Event(), threading.Event()
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        working.set()
+        release.wait(60)
+        seen.extend(c.event.correlation_id for c in batch)
+
+    old = EmbeddedBroker().start()
+    new = EmbeddedBroker()
+    try:
+        ensure_topics(old.bootstrap_servers, [TopicSpec(topic, 1), TopicSpec(f"{topic}.dlq", 1)])
+        write_broker_file(old, state)
+        with EventProducer(old.bootstrap_servers) as producer:
+            for i in range(8):
+                producer.send_raw(topic, b"k", _question(i), [])
+        runtime = ConsumerRuntime(
+            topics=[topic], group_id=group, bootstrap_servers=old.bootstrap_servers, handler=handler, assign_all=True
+        )
+        thread = threading.Thread(target=runtime.run, kwargs={"install_signal_handlers": False})
+        thread.start()
+        try:
+            assert working.wait(30), "the handler never got the first batch"
+            old.stop(kill=True)
+            new.start()
+            ensure_topics(new.bootstrap_servers, [TopicSpec(topic, 1), TopicSpec(f"{topic}.dlq", 1)])
+            write_broker_file(new, state)
+            wait_until(
+                lambda: [link["cluster_id"] for link in read_links(state)] == [new.cluster_id],
+                15,
+                "the runtime to move while its handler still works",
+            )
+            assert seen == []  # the handler was still at work when the runtime moved
+            release.set()
+            wait_until(lambda: runtime.stats.batches >= 1, 30, "the old batch to finish")
+            assert len(seen) >= 1 and _committed(new.bootstrap_servers, group, topic) is None
+
+            with EventProducer(new.bootstrap_servers) as producer:
+                for i in (100, 101, 102):
+                    producer.send_raw(topic, b"k", _question(i), [])
+            wait_until(lambda: seen[-3:] == ["q100", "q101", "q102"], 30, "the new broker's records")
+            wait_until(lambda: _committed(new.bootstrap_servers, group, topic) == 3, 15, "the commit on the new broker")
+        finally:
+            release.set()
+            runtime.stop()
+            thread.join(30)
+    finally:
+        old.stop()
+        new.stop()
