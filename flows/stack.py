@@ -272,10 +272,14 @@ def up(
             if new_broker is None or name not in KAFKA_SERVICES:
                 say(f"{name} is already running (pid {record.pid}, log {record.log})")
                 continue
-            # It was connected to the broker this `up` replaced: it moves by itself within seconds
-            # (prmloop.store.follow); one that does not (an older prmloop) is restarted.
-            if _follows(state, record, new_broker, follow_timeout_s):
-                say(f"{name} is already running (pid {record.pid}) and moved to the new broker {new_broker.describe()}")
+            # It used the broker this `up` replaced: it moves by itself within seconds
+            # (prmloop.store.follow); one that does not is restarted.
+            link = _link_after(state, record, new_broker, follow_timeout_s)
+            if link is not None and link.get("cluster_id") == new_broker.cluster_id:
+                say(f"{name} is already running (pid {record.pid}) and uses the new broker {new_broker.describe()}")
+                continue
+            if link is None and record.alive:  # still loading its model: it looks its broker up when done
+                say(f"{name} is already running (pid {record.pid}), still starting: it will use the new broker")
                 continue
             say(f"{name} (pid {record.pid}) did not move to the new broker within {follow_timeout_s:.0f} s: restarting")
             _stop(state, name, record, grace_s=20.0, say=say)
@@ -329,15 +333,18 @@ def _stop(state: StateSettings, name: str, record: ServiceState, *, grace_s: flo
     return was_running
 
 
-def _follows(state: StateSettings, record: ServiceState, broker: BrokerInfo, timeout_s: float) -> bool:
-    """Whether the service's link record names ``broker`` within ``timeout_s``."""
+def _link_after(
+    state: StateSettings, record: ServiceState, broker: BrokerInfo, timeout_s: float
+) -> dict[str, Any] | None:
+    """The service's link record once it names ``broker``, or as it is after ``timeout_s`` (None: the
+    service has connected to no broker yet)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        for link in read_links(state):
-            if link["pid"] == record.pid and link.get("cluster_id") == broker.cluster_id:
-                return True
+        link = next((link for link in read_links(state) if link["pid"] == record.pid), None)
+        if link is not None and link.get("cluster_id") == broker.cluster_id:
+            return link
         if time.monotonic() >= deadline or not record.alive:
-            return False
+            return link
         time.sleep(0.5)
 
 

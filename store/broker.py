@@ -252,13 +252,28 @@ def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
     return BrokerInfo(servers, str(cluster) if cluster else None, number("pid"), number("broker_pid"))
 
 
+#: The brokers this process found through ``broker.json``, by address, with where the file was: a
+#: client given such an address follows that broker's replacements (:mod:`prmloop.store.follow`), also
+#: when the file changed between the look-up and the client's start (a service loading its model).
+_FOUND: dict[str, tuple[BrokerInfo, StateSettings]] = {}
+
+
 def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str | None:
     """``KAFKA_BOOTSTRAP_SERVERS`` if set, else the live embedded broker started by ``prmloop broker``."""
     kafka = kafka or KafkaSettings()
     if kafka.bootstrap_servers:
         return kafka.bootstrap_servers
+    state = state or StateSettings()
     info = read_broker_file(state)
-    return info.bootstrap_servers if info is not None and info.reachable else None
+    if info is None or not info.reachable:
+        return None
+    _FOUND[info.bootstrap_servers] = (info, state)
+    return info.bootstrap_servers
+
+
+def found_in_broker_file(bootstrap_servers: str) -> tuple[BrokerInfo, StateSettings] | None:
+    """The broker :func:`find_bootstrap_servers` found at this address in ``broker.json``, if it did."""
+    return _FOUND.get(bootstrap_servers)
 
 
 def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str:

@@ -114,6 +114,10 @@ class ConsumerRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._kafka = kafka or KafkaSettings()
+        #: Set when the broker came from broker.json: a replaced embedded broker is followed.
+        self._watch = BrokerWatch.for_servers(bootstrap_servers, self._kafka) if follow_broker else None
+        if self._watch is not None:
+            bootstrap_servers = self._watch.resolve(self.name)
         self._bootstrap = bootstrap_servers
         self._consumer_options = {
             "group_id": group_id,
@@ -139,8 +143,6 @@ class ConsumerRuntime:
         self._cluster_id: str | None = None
         #: Counts the moves to another broker (offsets of records read before a move are not committed).
         self._generation = 0
-        #: Set when the broker came from broker.json: a replaced embedded broker is followed.
-        self._watch = BrokerWatch.for_servers(bootstrap_servers, self._kafka) if follow_broker else None
         self._link = BrokerLink(self._watch.state, self.name) if self._watch is not None else None
         if self._link is not None and self._watch is not None:
             self._link.write(self._watch.current, reachable=True)
@@ -272,22 +274,10 @@ class ConsumerRuntime:
         change = self._watch.check() if self._watch is not None else None
         if change is None or self._watch is None or self._link is None:
             return False
+        log.warning("%s: %s", self.name, change.message() + ("; reconnecting" if change.kind == "moved" else ""))
         if change.kind != "moved":
-            gone = change.kind == "gone"
-            log.warning(
-                "%s: the broker %s %s",
-                self.name,
-                change.broker.describe(),
-                f"is gone; waiting for it or a new one in {self._watch.state.broker_file}" if gone else "answers again",
-            )
-            self._link.write(change.broker, reachable=not gone)
+            self._link.write(change.broker, reachable=change.kind == "back")
             return False
-        log.warning(
-            "%s: the broker was replaced: %s -> %s (broker.json); reconnecting",
-            self.name,
-            change.previous.describe(),
-            change.broker.describe(),
-        )
         try:
             consumer = self._connect(change.broker.bootstrap_servers)
         except (KafkaError, RuntimeError) as exc:

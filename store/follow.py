@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from prmloop.store.broker import BrokerInfo, read_broker_file
+from prmloop.store.broker import BrokerInfo, found_in_broker_file, read_broker_file
 from prmloop.store.settings import KafkaSettings, StateSettings
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BrokerChange", "BrokerLink", "BrokerWatch", "read_links"]
 
@@ -39,6 +42,14 @@ class BrokerChange:
     kind: Literal["gone", "back", "moved"]
     broker: BrokerInfo
     previous: BrokerInfo
+
+    def message(self) -> str:
+        """What a client logs about the change."""
+        if self.kind == "gone":
+            return f"the broker {self.broker.describe()} is gone; waiting for it, or for a new one in broker.json"
+        if self.kind == "back":
+            return f"the broker {self.broker.describe()} answers again"
+        return f"the broker was replaced: {self.previous.describe()} -> {self.broker.describe()} (broker.json)"
 
 
 class BrokerWatch:
@@ -66,10 +77,14 @@ class BrokerWatch:
         *,
         interval_s: float = 1.0,
     ) -> BrokerWatch | None:
-        """A watch when ``bootstrap_servers`` is the embedded broker ``broker.json`` names now, else None
-        (``KAFKA_BOOTSTRAP_SERVERS`` is set, or the address came from elsewhere: a test's own broker)."""
+        """A watch when ``bootstrap_servers`` is an embedded broker found in ``broker.json`` (by this
+        process, or named there now), else None (``KAFKA_BOOTSTRAP_SERVERS`` is set, or the address came
+        from elsewhere: a test's own broker)."""
         if (kafka or KafkaSettings()).bootstrap_servers:
             return None
+        found = found_in_broker_file(bootstrap_servers)
+        if found is not None and (state is None or state.broker_file == found[1].broker_file):
+            return cls(found[0], found[1], interval_s=interval_s)
         state = state or StateSettings()
         named = read_broker_file(state)
         if named is None or named.bootstrap_servers != bootstrap_servers:
@@ -90,6 +105,15 @@ class BrokerWatch:
             return None
         self.reachable = reachable
         return BrokerChange("back" if reachable else "gone", self.current, self.current)
+
+    def resolve(self, client: str) -> str:
+        """The address to connect to now: the followed broker's, or its replacement's if ``broker.json``
+        names a new one already (the client looked its broker up before a restart, and starts after)."""
+        change = self.check(force=True)
+        if change is not None and change.kind == "moved":
+            log.warning("%s: %s", client, change.message())
+            self.follow(change.broker)
+        return self.current.bootstrap_servers
 
     def follow(self, broker: BrokerInfo) -> None:
         """The caller is connected to ``broker`` now."""

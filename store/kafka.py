@@ -156,22 +156,18 @@ class EventProducer:
             "batch_size": 256 * 1024,
             "max_request_size": max_request_size,
         }
-        self.bootstrap_servers = bootstrap_servers
-        self._producer = KafkaProducer(**self.kafka.client_kwargs(bootstrap_servers), **self._options)
         #: Set when the broker came from broker.json: a replaced embedded broker is followed.
         self._watch = BrokerWatch.for_servers(bootstrap_servers, self.kafka) if follow_broker else None
+        self.bootstrap_servers = self._watch.resolve("producer") if self._watch is not None else bootstrap_servers
+        self._producer = KafkaProducer(**self.kafka.client_kwargs(self.bootstrap_servers), **self._options)
 
     def _follow(self) -> bool:
         """Reconnect to the broker that replaced ours (see :mod:`prmloop.store.follow`); True if it did."""
         change = self._watch.check() if self._watch is not None else None
         if change is None or self._watch is None:
             return False
+        log.warning("producer: %s", change.message())
         if change.kind != "moved":
-            log.warning(
-                "producer: the broker %s %s",
-                change.broker.describe(),
-                "is gone" if change.kind == "gone" else "answers again",
-            )
             return False
         try:
             producer = KafkaProducer(**self.kafka.client_kwargs(change.broker.bootstrap_servers), **self._options)
@@ -181,11 +177,6 @@ class EventProducer:
         old, self._producer = self._producer, producer
         self.bootstrap_servers = change.broker.bootstrap_servers
         self._watch.follow(change.broker)
-        log.warning(
-            "producer: the broker was replaced: %s -> %s; unacknowledged events go to the new one",
-            change.previous.describe(),
-            change.broker.describe(),
-        )
         old.close(timeout=0)
         return True
 

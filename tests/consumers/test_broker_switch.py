@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,13 @@ from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.broker import BrokerInfo, EmbeddedBroker, read_broker_file, write_broker_file
+from prmloop.store.broker import (
+    BrokerInfo,
+    EmbeddedBroker,
+    read_broker_file,
+    require_bootstrap_servers,
+    write_broker_file,
+)
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.duck import StoreLocked, query
@@ -207,6 +214,47 @@ def test_a_switch_during_long_work_commits_nothing_of_the_old_broker_on_the_new_
             release.set()
             runtime.stop()
             thread.join(30)
+    finally:
+        old.stop()
+        new.stop()
+
+
+def test_a_client_that_looked_its_broker_up_before_a_restart_starts_on_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service looks its broker up, then loads its model for a minute; meanwhile the broker is
+    replaced. Its consumer and producer then start on the new broker instead of failing on the old."""
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path))
+    monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    state = StateSettings(home=tmp_path)
+    old, new = EmbeddedBroker().start(), EmbeddedBroker()
+    try:
+        ensure_topics(old.bootstrap_servers)
+        write_broker_file(old, state)
+        looked_up = require_bootstrap_servers()
+        assert looked_up == old.bootstrap_servers
+        old.stop(kill=True)
+        new.start()
+        ensure_topics(new.bootstrap_servers)
+        write_broker_file(new, state)
+
+        with EventProducer(looked_up) as producer:
+            assert producer.bootstrap_servers == new.bootstrap_servers
+            producer.publish(
+                [make_event(QuestionRegistered(question_id="q-late", dataset="d", problem="p"), producer="t")]
+            )
+        runtime = ConsumerRuntime(
+            topics=["questions.registered"],
+            group_id="late",
+            bootstrap_servers=looked_up,
+            handler=lambda batch: None,
+            assign_all=True,
+        )
+        deadline = time.monotonic() + 30
+        runtime.run(
+            until=lambda: runtime.stats.events >= 1 or time.monotonic() > deadline, install_signal_handlers=False
+        )
+        assert runtime.stats.events == 1
     finally:
         old.stop()
         new.stop()

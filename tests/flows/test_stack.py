@@ -180,7 +180,7 @@ def test_up_after_a_killed_broker_moves_the_services_and_status_flags_a_dead_one
         new = read_broker_file(state)
         assert new is not None and new.cluster_id != old.cluster_id
         assert json.loads(again.stdout)["started"] == ["broker"]
-        assert f"sink is already running (pid {sink.pid}) and moved to the new broker {new.describe()}" in again.stderr
+        assert f"sink is already running (pid {sink.pid}) and uses the new broker {new.describe()}" in again.stderr
 
         events = [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(20, seed=7)]
         with EventProducer(new.bootstrap_servers) as producer:
