@@ -29,7 +29,7 @@ from typing import Any
 
 from prmloop.flows.prefect_home import prefect_home
 from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, free_port, read_broker_file
-from prmloop.store.follow import read_links
+from prmloop.store.follow import read_links, remove_links
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = [
@@ -311,9 +311,7 @@ def down(*, state: StateSettings | None = None, grace_s: float = 20.0, say: Call
             continue
         if _stop(state, name, record, grace_s=grace_s, say=say):
             stopped.append(name)
-    for link in read_links(state):  # a killed service could not remove its own
-        if not _alive_pid(int(link["pid"])):
-            (state.links_dir / f"{link['service']}-{link['pid']}.json").unlink(missing_ok=True)
+    remove_links(state)
     return stopped
 
 
@@ -330,6 +328,7 @@ def _stop(state: StateSettings, name: str, record: ServiceState, *, grace_s: flo
             _signal_group(record.pid, signal.SIGKILL)
         say(f"stopped {name} (pid {record.pid})")
     _record(state, name).unlink(missing_ok=True)
+    remove_links(state, pid=record.pid)  # a killed service leaves its own
     return was_running
 
 
@@ -346,16 +345,6 @@ def _link_after(
         if time.monotonic() >= deadline or not record.alive:
             return link
         time.sleep(0.5)
-
-
-def _alive_pid(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

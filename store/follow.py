@@ -31,7 +31,7 @@ from prmloop.store.settings import KafkaSettings, StateSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BrokerChange", "BrokerLink", "BrokerWatch", "read_links"]
+__all__ = ["BrokerChange", "BrokerLink", "BrokerWatch", "read_links", "remove_links"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,19 @@ class BrokerLink:
 
 def read_links(state: StateSettings | None = None) -> list[dict[str, Any]]:
     """Every link record (of running and of dead processes: the caller checks the pid)."""
-    folder: Path = (state or StateSettings()).links_dir
+    return [record for _, record in _links(state or StateSettings())]
+
+
+def remove_links(state: StateSettings, *, pid: int | None = None) -> None:
+    """Remove the link records of process ``pid``, or (``None``) of every process that is gone: a
+    killed service cannot remove its own."""
+    for path, record in _links(state):
+        if record["pid"] == pid or (pid is None and not _running(record["pid"])):
+            path.unlink(missing_ok=True)
+
+
+def _links(state: StateSettings) -> list[tuple[Path, dict[str, Any]]]:
+    folder: Path = state.links_dir
     links = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -164,5 +176,15 @@ def read_links(state: StateSettings | None = None) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and isinstance(record.get("pid"), int):
-            links.append(record)
+            links.append((path, record))
     return links
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

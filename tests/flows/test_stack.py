@@ -213,3 +213,4 @@ def test_up_after_a_killed_broker_moves_the_services_and_status_flags_a_dead_one
     finally:
         _prmloop(tmp_path, "down")
     assert running_services(state) == {}
+    assert read_links(state) == [], "down left the killed sink's link record"
