@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.prefect_home import prefect_home
-from prmloop.store.broker import find_bootstrap_servers, free_port
+from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, free_port, read_broker_file
+from prmloop.store.follow import read_links, remove_links
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = [
@@ -37,11 +38,14 @@ __all__ = [
     "down",
     "prefect_api_url",
     "running_services",
+    "service_report",
     "up",
 ]
 
 #: Every service ``up`` knows, in start order.
 SERVICES: tuple[str, ...] = ("broker", "sink", "scorer", "annotator", "judge", "consensus", "prefect", "deployments")
+#: The services that hold a Kafka connection for as long as they run (the others connect per flow run).
+KAFKA_SERVICES: tuple[str, ...] = ("sink", "scorer", "annotator", "judge", "consensus")
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,8 @@ def _alive(pid: int, argv: Sequence[str]) -> bool:
     )
 
 
-def _run_dir(state: StateSettings) -> Path:
-    return state.home / "run"
-
-
 def _record(state: StateSettings, name: str) -> Path:
-    return _run_dir(state) / f"{name}.json"
+    return state.run_dir / f"{name}.json"
 
 
 def read_state(state: StateSettings, name: str) -> ServiceState | None:
@@ -103,6 +103,63 @@ def running_services(state: StateSettings | None = None) -> dict[str, ServiceSta
         if record is not None and record.alive:
             found[name] = record
     return found
+
+
+def service_report(state: StateSettings | None = None) -> dict[str, dict[str, Any]]:
+    """Every service recorded under ``$PRMLOOP_HOME/run/``, running or dead, for ``prmloop status``.
+
+    A running Kafka service that follows the embedded broker says which broker it reads from (its
+    link record, :mod:`prmloop.store.follow`) and whether that is the broker ``broker.json`` names now
+    (``current``). A dead one (its process is gone, but ``down`` never removed its record) says so,
+    with the last line of its log: ``up`` starts it again.
+    """
+    state = state or StateSettings()
+    links = {link["pid"]: link for link in read_links(state)}
+    named = read_broker_file(state)
+    configured = KafkaSettings().bootstrap_servers
+    report: dict[str, dict[str, Any]] = {}
+    for name in SERVICES:
+        record = read_state(state, name)
+        if record is None:
+            continue
+        entry: dict[str, Any] = {"pid": record.pid, "log": record.log, **({"url": record.url} if record.url else {})}
+        if not record.alive:
+            entry["state"] = "dead"
+            entry["last_log_line"] = _last_line(Path(record.log))
+            report[name] = entry
+            continue
+        entry["state"] = "running"
+        if name == "broker" and named is not None and named.pid == record.pid:
+            entry["serves"] = {"bootstrap_servers": named.bootstrap_servers, "cluster_id": named.cluster_id}
+        elif name in KAFKA_SERVICES:
+            link = links.get(record.pid)
+            if link is not None:
+                entry["broker"] = {
+                    "bootstrap_servers": link["bootstrap_servers"],
+                    "cluster_id": link.get("cluster_id"),
+                    "reachable": link.get("reachable"),
+                    "since": link.get("since"),
+                    "current": named is not None
+                    and (link["bootstrap_servers"], link.get("cluster_id"))
+                    == (named.bootstrap_servers, named.cluster_id),
+                }
+            elif configured:
+                entry["broker"] = {"bootstrap_servers": configured, "from": "KAFKA_BOOTSTRAP_SERVERS"}
+            else:
+                entry["broker"] = "unknown (no link record: still starting, or started by an older prmloop)"
+        report[name] = entry
+    return report
+
+
+def _last_line(log: Path, tail_bytes: int = 4096) -> str | None:
+    """The log's last non-empty line (read from its end: logs grow)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return lines[-1][:500] if lines else None
 
 
 def prefect_api_url(state: StateSettings | None = None) -> str | None:
@@ -158,7 +215,7 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
     argv = _command(name, port)
     logs = state.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    _run_dir(state).mkdir(parents=True, exist_ok=True)
+    state.run_dir.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
     if name == "prefect":
         # The UI's scripts call the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200.
@@ -183,9 +240,17 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
 
 
 def up(
-    services: Sequence[str] = SERVICES, *, state: StateSettings | None = None, say: Callable[[str], None] = print
+    services: Sequence[str] = SERVICES,
+    *,
+    state: StateSettings | None = None,
+    say: Callable[[str], None] = print,
+    follow_timeout_s: float = 30.0,
 ) -> dict[str, Any]:
-    """Start ``services`` (in :data:`SERVICES` order) that are not running yet; returns what runs."""
+    """Start ``services`` (in :data:`SERVICES` order) that are not running yet; returns what runs.
+
+    When it starts the broker while Kafka services run (the old broker died), it waits up to
+    ``follow_timeout_s`` for each to move to the new broker, and restarts the ones that do not.
+    """
     state = state or StateSettings()
     unknown = [s for s in services if s not in SERVICES]
     if unknown:
@@ -200,11 +265,24 @@ def up(
         say(f"broker: using KAFKA_BOOTSTRAP_SERVERS={KafkaSettings().bootstrap_servers}")
         wanted.remove("broker")
     started = []
+    new_broker: BrokerInfo | None = None
     for name in wanted:
         if name in already:
             record = already[name]
-            say(f"{name} is already running (pid {record.pid}, log {record.log})")
-            continue
+            if new_broker is None or name not in KAFKA_SERVICES:
+                say(f"{name} is already running (pid {record.pid}, log {record.log})")
+                continue
+            # It used the broker this `up` replaced: it moves by itself within seconds
+            # (prmloop.store.follow); one that does not is restarted.
+            link = _link_after(state, record, new_broker, follow_timeout_s)
+            if link is not None and link.get("cluster_id") == new_broker.cluster_id:
+                say(f"{name} is already running (pid {record.pid}) and uses the new broker {new_broker.describe()}")
+                continue
+            if link is None and record.alive:  # still loading its model: it looks its broker up when done
+                say(f"{name} is already running (pid {record.pid}), still starting: it will use the new broker")
+                continue
+            say(f"{name} (pid {record.pid}) did not move to the new broker within {follow_timeout_s:.0f} s: restarting")
+            _stop(state, name, record, grace_s=20.0, say=say)
         if name == "deployments" and "prefect" not in running_services(state):
             say("deployments: not started (they need the Prefect server: add prefect)")
             continue
@@ -213,6 +291,8 @@ def up(
             env["PREFECT_API_URL"] = url
         _start(state, name, env, say)
         started.append(name)
+        if name == "broker" and any(n in already for n in KAFKA_SERVICES):
+            new_broker = read_broker_file(state)
     running = running_services(state)
     return {
         "home": str(state.home),
@@ -229,18 +309,42 @@ def down(*, state: StateSettings | None = None, grace_s: float = 20.0, say: Call
         record = read_state(state, name)
         if record is None:
             continue
-        if record.alive:
-            _signal_group(record.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while record.alive and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if record.alive:
-                say(f"{name} did not stop within {grace_s:.0f} s: killed")
-                _signal_group(record.pid, signal.SIGKILL)
+        if _stop(state, name, record, grace_s=grace_s, say=say):
             stopped.append(name)
-            say(f"stopped {name} (pid {record.pid})")
-        _record(state, name).unlink(missing_ok=True)
+    remove_links(state)
     return stopped
+
+
+def _stop(state: StateSettings, name: str, record: ServiceState, *, grace_s: float, say: Callable[[str], None]) -> bool:
+    """SIGTERM the service, SIGKILL after ``grace_s``, remove its record; False if it was not running."""
+    was_running = record.alive
+    if was_running:
+        _signal_group(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while record.alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if record.alive:
+            say(f"{name} did not stop within {grace_s:.0f} s: killed")
+            _signal_group(record.pid, signal.SIGKILL)
+        say(f"stopped {name} (pid {record.pid})")
+    _record(state, name).unlink(missing_ok=True)
+    remove_links(state, pid=record.pid)  # a killed service leaves its own
+    return was_running
+
+
+def _link_after(
+    state: StateSettings, record: ServiceState, broker: BrokerInfo, timeout_s: float
+) -> dict[str, Any] | None:
+    """The service's link record once it names ``broker``, or as it is after ``timeout_s`` (None: the
+    service has connected to no broker yet)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        link = next((link for link in read_links(state) if link["pid"] == record.pid), None)
+        if link is not None and link.get("cluster_id") == broker.cluster_id:
+            return link
+        if time.monotonic() >= deadline or not record.alive:
+            return link
+        time.sleep(0.5)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

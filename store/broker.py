@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -199,11 +200,62 @@ class EmbeddedBroker:
         self.stop()
 
 
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What ``broker.json`` says about the embedded broker: its address, its cluster id (new at every
+    start, so a restarted broker is told apart from the one before even on the same port) and pids."""
+
+    bootstrap_servers: str
+    cluster_id: str | None = None
+    pid: int | None = None
+    broker_pid: int | None = None
+
+    @property
+    def reachable(self) -> bool:
+        host, port = self.bootstrap_servers.rsplit(":", 1)
+        return port_open(host, int(port))
+
+    def describe(self) -> str:
+        return f"{self.bootstrap_servers} (cluster {self.cluster_id or 'unknown'})"
+
+
 def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
     state.home.mkdir(parents=True, exist_ok=True)
-    info = {"bootstrap_servers": broker.bootstrap_servers, "pid": os.getpid(), "broker_pid": broker.pid}
-    state.broker_file.write_text(json.dumps(info))
+    info = {
+        "bootstrap_servers": broker.bootstrap_servers,
+        "cluster_id": broker.cluster_id,
+        "pid": os.getpid(),
+        "broker_pid": broker.pid,
+    }
+    # Written whole and renamed: a service following the file never reads half of it.
+    tmp = state.broker_file.with_name(f".{state.broker_file.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(state.broker_file)
     return state.broker_file
+
+
+def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
+    """The broker ``broker.json`` names (alive or not), or None without a readable file."""
+    state = state or StateSettings()
+    try:
+        info = json.loads(state.broker_file.read_text())
+        servers = str(info["bootstrap_servers"])
+        int(servers.rsplit(":", 1)[1])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        return None
+
+    def number(key: str) -> int | None:
+        value = info.get(key)
+        return value if isinstance(value, int) else None
+
+    cluster = info.get("cluster_id")
+    return BrokerInfo(servers, str(cluster) if cluster else None, number("pid"), number("broker_pid"))
+
+
+#: The brokers this process found through ``broker.json``, by address, with where the file was: a
+#: client given such an address follows that broker's replacements (:mod:`prmloop.store.follow`), also
+#: when the file changed between the look-up and the client's start (a service loading its model).
+_FOUND: dict[str, tuple[BrokerInfo, StateSettings]] = {}
 
 
 def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str | None:
@@ -212,12 +264,16 @@ def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSetti
     if kafka.bootstrap_servers:
         return kafka.bootstrap_servers
     state = state or StateSettings()
-    try:
-        info = json.loads(state.broker_file.read_text())
-        host, port = str(info["bootstrap_servers"]).rsplit(":", 1)
-    except (OSError, ValueError, KeyError):
+    info = read_broker_file(state)
+    if info is None or not info.reachable:
         return None
-    return f"{host}:{port}" if port_open(host, int(port)) else None
+    _FOUND[info.bootstrap_servers] = (info, state)
+    return info.bootstrap_servers
+
+
+def found_in_broker_file(bootstrap_servers: str) -> tuple[BrokerInfo, StateSettings] | None:
+    """The broker :func:`find_bootstrap_servers` found at this address in ``broker.json``, if it did."""
+    return _FOUND.get(bootstrap_servers)
 
 
 def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str:

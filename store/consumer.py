@@ -19,6 +19,8 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
+* A runtime whose broker came from ``broker.json`` follows a replaced embedded broker within seconds
+  (:mod:`prmloop.store.follow`): it logs the switch and reads the new broker from the start.
 """
 
 from __future__ import annotations
@@ -30,21 +32,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
-from kafka.errors import CommitFailedError, KafkaError, MessageSizeTooLargeError, RecordListTooLargeError
+from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
+from prmloop.store.deadletter import DeadLetters
+from prmloop.store.follow import BrokerLink, BrokerWatch
 from prmloop.store.kafka import EventProducer, consumer_config
-from prmloop.store.limits import DLQ_TRUNCATED_BYTES
-from prmloop.store.poison import TransientError, is_transient, one_line, truncated_copy
+from prmloop.store.poison import TransientError, is_transient, one_line
 from prmloop.store.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import TOPIC_OF, dlq_topic
+from prmloop.store.topics import TOPIC_OF
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class ConsumerRuntime:
         name: str | None = None,
         transient_errors: tuple[type[BaseException], ...] = (),
         check_topic: bool = True,
+        follow_broker: bool = True,
     ) -> None:
         self.topics = list(topics)
         self.group_id = group_id
@@ -111,29 +114,38 @@ class ConsumerRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._kafka = kafka or KafkaSettings()
+        #: Set when the broker came from broker.json: a replaced embedded broker is followed.
+        self._watch = BrokerWatch.for_servers(bootstrap_servers, self._kafka) if follow_broker else None
+        if self._watch is not None:
+            bootstrap_servers = self._watch.resolve(self.name)
         self._bootstrap = bootstrap_servers
-        self._consumer = KafkaConsumer(
-            **consumer_config(
-                self._kafka,
-                bootstrap_servers,
-                group_id=group_id,
-                max_poll_records=max_batch,
-                max_poll_interval_ms=max_poll_interval_ms,
-                session_timeout_ms=session_timeout_ms,
-            )
+        self._consumer_options = {
+            "group_id": group_id,
+            "max_poll_records": max_batch,
+            "max_poll_interval_ms": max_poll_interval_ms,
+            "session_timeout_ms": session_timeout_ms,
+        }
+        self._consumer = self._connect(bootstrap_servers)
+        self._dead_letters = DeadLetters(
+            self.name,
+            bootstrap_servers,
+            kafka=self._kafka,
+            stop=self._stop,
+            producer=dlq_producer,
+            backoff_initial_s=backoff_initial_s,
+            backoff_max_s=backoff_max_s,
         )
-        if assign_all:
-            self._assign_all()
-        else:
-            self._consumer.subscribe(self.topics)
-        self._dlq = dlq_producer
-        self._owns_dlq = dlq_producer is None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-work")
         self._prefetched: list[ConsumerRecord] = []
         #: Prefetched records already decoded while the handler worked (by ``id``; the record is kept
         #: beside its result, so an id is never confused with a later record's).
         self._ahead: dict[int, tuple[ConsumerRecord, Decoded]] = {}
         self._cluster_id: str | None = None
+        #: Counts the moves to another broker (offsets of records read before a move are not committed).
+        self._generation = 0
+        self._link = BrokerLink(self._watch.state, self.name) if self._watch is not None else None
+        if self._link is not None and self._watch is not None:
+            self._link.write(self._watch.current, reachable=True)
 
     # ------------------------------------------------------------------------------------------ control
 
@@ -189,11 +201,12 @@ class ConsumerRuntime:
             if coordinator is not None:
                 coordinator.reset_generation()
         try:
-            self._consumer.close(autocommit=False)
+            self._consumer.close(autocommit=False, timeout_ms=5_000)
         except KafkaError as exc:  # leaving the group is best effort: the session times out anyway
             log.warning("closing the consumer failed: %r", exc)
-        if self._owns_dlq and self._dlq is not None:
-            self._dlq.close()
+        self._dead_letters.close()
+        if self._link is not None:
+            self._link.remove()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("%s: signal %d received, finishing the current batch", self.name, signum)
@@ -201,19 +214,31 @@ class ConsumerRuntime:
 
     # ------------------------------------------------------------------------------------------ polling
 
-    def _assign_all(self) -> None:
+    def _connect(self, bootstrap_servers: str) -> KafkaConsumer:
+        consumer = KafkaConsumer(**consumer_config(self._kafka, bootstrap_servers, **self._consumer_options))
+        try:
+            if self.assign_all:
+                self._assign_all(consumer)
+            else:
+                consumer.subscribe(self.topics)
+        except BaseException:
+            consumer.close(autocommit=False, timeout_ms=1_000)
+            raise
+        return consumer
+
+    def _assign_all(self, consumer: KafkaConsumer) -> None:
         partitions: list[TopicPartition] = []
         for topic in self.topics:
             ids = None
             deadline = time.monotonic() + 30
             while ids is None and time.monotonic() < deadline:
-                ids = self._consumer.partitions_for_topic(topic)
+                ids = consumer.partitions_for_topic(topic)
                 if ids is None:
                     time.sleep(0.2)
             if ids is None:
                 raise RuntimeError(f"topic {topic!r} does not exist: create the topics first (`prmloop topics`)")
             partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
-        self._consumer.assign(partitions)
+        consumer.assign(partitions)
 
     def _collect(self) -> list[ConsumerRecord]:
         """Up to ``max_batch`` records, waiting at most ``max_wait_s`` after the first one arrives."""
@@ -228,7 +253,7 @@ class ConsumerRuntime:
         while len(records) < self.max_batch and not self._stop.is_set():
             timeout = self.max_wait_s if deadline is None else max(0.0, deadline - time.monotonic())
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=self.max_batch - len(records))
-            if self._broker_replaced():
+            if self._broker_moved() or self._broker_replaced():
                 return []
             for recs in polled.values():
                 records.extend(recs)
@@ -237,6 +262,45 @@ class ConsumerRuntime:
             if deadline is None or time.monotonic() >= deadline:
                 break
         return records
+
+    def _broker_moved(self) -> bool:
+        """True when this runtime moved to the broker that replaced its own in ``broker.json`` (see
+        :mod:`prmloop.store.follow`); a broker that is gone or answers again is logged.
+
+        The new consumer starts from the new broker's committed offsets, or from the beginning (a new
+        embedded broker has none). What was fetched from the old broker is dropped, and a batch the
+        handler is working on is finished but its offsets (the old broker's) are not committed.
+        """
+        change = self._watch.check() if self._watch is not None else None
+        if change is None or self._watch is None or self._link is None:
+            return False
+        log.warning("%s: %s", self.name, change.message() + ("; reconnecting" if change.kind == "moved" else ""))
+        if change.kind != "moved":
+            self._link.write(change.broker, reachable=change.kind == "back")
+            return False
+        try:
+            consumer = self._connect(change.broker.bootstrap_servers)
+        except (KafkaError, RuntimeError) as exc:
+            log.warning("%s: connecting to %s failed (%r); trying again", self.name, change.broker.describe(), exc)
+            return False
+        old, self._consumer = self._consumer, consumer
+        coordinator = getattr(old, "_coordinator", None)
+        if coordinator is not None and not change.previous.reachable:
+            coordinator.reset_generation()  # no LeaveGroup to a broker that is gone
+        try:
+            old.close(autocommit=False, timeout_ms=2_000)
+        except KafkaError as exc:
+            log.debug("closing the consumer of the old broker failed: %r", exc)
+        self._bootstrap = change.broker.bootstrap_servers
+        self._dead_letters.reconnect(self._bootstrap)
+        self._prefetched.clear()
+        self._ahead.clear()
+        self._cluster_id = None
+        self._generation += 1
+        self._watch.follow(change.broker)
+        self._link.write(change.broker, reachable=True)
+        log.warning("%s: now reading from %s", self.name, change.broker.describe())
+        return True
 
     def _broker_replaced(self) -> bool:
         """True (once) when the cluster id changed: an in-memory broker restarted with empty topics.
@@ -265,6 +329,7 @@ class ConsumerRuntime:
         Dead letters are sent before the handler's effect (and the commit), so a crash in between
         repeats a dead letter at worst, never loses one.
         """
+        generation = self._generation
         good: list[ConsumedEvent] = []
         poison: list[tuple[ConsumerRecord, str, str]] = []
         known_topics = set(TOPIC_OF.values())
@@ -280,7 +345,8 @@ class ConsumerRuntime:
             [(by_position[(c.topic, c.partition, c.offset)], kind, reason) for c, kind, reason in rejected]
         ):
             return
-        self._commit(records)
+        if generation == self._generation:  # else the records are the old broker's: nothing to commit
+            self._commit(records)
         self.stats.batches += 1
         self.stats.events += len(good) - len(rejected)
         self.stats.dead_lettered += len(poison) + len(rejected)
@@ -374,6 +440,9 @@ class ConsumerRuntime:
         started = time.monotonic()
         try:
             while not future.done():
+                if self._broker_moved():
+                    paused = set()  # the old consumer's pauses went with it
+                    continue
                 room = self.max_batch - len(self._prefetched)
                 if room > 0:
                     polled = self._consumer.poll(timeout_ms=20, max_records=room)
@@ -397,78 +466,12 @@ class ConsumerRuntime:
                 self._consumer.resume(*(paused & set(self._consumer.assignment())))
 
     def _dead_letter(self, poison: Sequence[tuple[ConsumerRecord, str, str]]) -> bool:
-        """Copy each poison record to its dead-letter topic with the error and its origin in headers;
-        False if the runtime stopped before the broker took them all.
-
-        The copies are sent together and then awaited (one round trip, not one per record). A record
-        the broker (or the producer's size limit) refuses is replaced by a truncated copy: its first
-        :data:`DLQ_TRUNCATED_BYTES` bytes, with ``dlq.original_sha256``, ``dlq.original_size`` and
-        ``dlq.truncated`` headers besides the usual origin headers; if even that is refused, by the
-        headers alone. Broker failures are retried.
-        """
-        if not poison:
-            return True
-        if self._dlq is None:
-            self._dlq = EventProducer(self._bootstrap, kafka=self._kafka)
-        failed_at = datetime.now(UTC).isoformat().encode()
-        pending = [
-            (
-                rec,
-                reason,
-                [
-                    ("dlq.error_type", kind.encode()[:200]),
-                    ("dlq.error", reason[:4000].encode()),
-                    ("dlq.topic", rec.topic.encode()),
-                    ("dlq.partition", str(rec.partition).encode()),
-                    ("dlq.offset", str(rec.offset).encode()),
-                    ("dlq.consumer", self.name.encode()),
-                    ("dlq.failed_at", failed_at),
-                ],
-                0,
-            )
-            for rec, kind, reason in poison
-        ]
-        delay = self.backoff_initial_s
-        while True:
-            futures = []
-            for rec, reason, origin, level in pending:
-                topic = dlq_topic(rec.topic)
-                if level == 0:
-                    key, value, headers = rec.key, rec.value, [*(rec.headers or []), *origin]
-                else:  # 1: a truncated copy; 2: the headers alone (the broker refused even the truncated copy)
-                    key, value, headers = truncated_copy(rec, origin, keep=DLQ_TRUNCATED_BYTES if level == 1 else 0)
-                futures.append(((rec, reason, origin, level), self._dlq.send_raw_async(topic, key, value, headers)))
-            retry: list[tuple[ConsumerRecord, str, list[tuple[str, bytes]], int]] = []
-            last_error: KafkaError | None = None
-            for item, future in futures:
-                rec, reason, origin, level = item
-                try:
-                    future.get(timeout=self._dlq.timeout_s)
-                except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
-                    if level < 2:
-                        retry.append((rec, reason, origin, level + 1))
-                        continue
-                    retry.append(item)  # even the headers alone: a broker problem, retried like one
-                    last_error = exc
-                except KafkaError as exc:
-                    retry.append(item)
-                    last_error = exc
-                else:
-                    log.error(
-                        "%s: %s:%d@%d dead-lettered: %s", self.name, rec.topic, rec.partition, rec.offset, reason[:500]
-                    )
-            if not retry:
-                return True
-            pending = retry
-            if last_error is None:
-                continue  # only smaller copies to send: no need to wait
-            self.stats.retries += 1
-            log.warning(
-                "%s: dead-lettering %d records failed (%r); retrying in %.1fs", self.name, len(retry), last_error, delay
-            )
-            if self._stop.wait(delay):
-                return False
-            delay = min(delay * 2, self.backoff_max_s)
+        """Dead-letter ``poison`` (see :class:`DeadLetters`); False if stopped before the broker took it."""
+        before = self._dead_letters.retries
+        try:
+            return self._dead_letters.send(poison)
+        finally:
+            self.stats.retries += self._dead_letters.retries - before
 
     def _commit(self, records: list[ConsumerRecord]) -> None:
         offsets: dict[TopicPartition, OffsetAndMetadata] = {}
@@ -477,7 +480,8 @@ class ConsumerRuntime:
             if tp not in offsets or offsets[tp].offset <= rec.offset:
                 offsets[tp] = OffsetAndMetadata(rec.offset + 1, "", -1)
         try:
-            self._consumer.commit(offsets=offsets)
+            # Bounded: with the broker gone, an unbounded commit would wait for it forever.
+            self._consumer.commit(offsets=offsets, timeout_ms=10_000)
             self.stats.commits += 1
         except (CommitFailedError, KafkaError) as exc:
             # The effect is durable and idempotent: whoever reads these records next repeats nothing.

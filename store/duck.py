@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -285,11 +285,15 @@ class EventStore:
                 )
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                # A failed COMMIT (a full disk) has ended the transaction already, and ROLLBACK would
+                # then raise "no transaction is active" in place of the cause: report the first error.
+                with suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
                 raise
             finally:
-                con.unregister("incoming")
-                con.unregister("incoming_offsets")
+                with suppress(duckdb.Error):  # the connection is closed next anyway
+                    con.unregister("incoming")
+                    con.unregister("incoming_offsets")
         return WriteResult(rows.num_rows, inserted, waited, time.monotonic() - t0 - waited, conflicts)
 
     @property

@@ -13,6 +13,7 @@ from kafka.admin import NewTopic
 from kafka.errors import (
     InvalidTopicError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     TopicAlreadyExistsError,
@@ -22,6 +23,7 @@ from kafka.structs import TopicPartition
 
 from prmloop.store.codec import EventTooLarge, PublishError, UndeliverableEvent, encode_event
 from prmloop.store.events import Envelope
+from prmloop.store.follow import BrokerWatch
 from prmloop.store.outbox import Outbox
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, all_topic_specs
@@ -110,12 +112,21 @@ def event_headers(event: Envelope) -> list[tuple[str, bytes]]:
     ]
 
 
+def _all_but(batch: list[Envelope], rejected: list[tuple[Envelope, KafkaError]]) -> list[Envelope]:
+    """What to send again after the broker was replaced: the whole batch, since what the old broker
+    acknowledged went with it (a repeat is harmless: every effect is idempotent by ``event_id``)."""
+    refused = {e.event_id for e, _ in rejected}
+    return [e for e in batch if e.event_id not in refused]
+
+
 class EventProducer:
     """Publishes events and returns only when the broker acknowledged all of them (``acks='all'``).
 
     Failures are retried with exponential backoff until ``timeout_s``; the broker being restarted
-    is such a failure. Every event is first written to the outbox (when one is given), so events
-    acknowledged by an in-memory broker that then restarts can be re-published by ``reconcile``.
+    is such a failure. A producer whose broker came from ``broker.json`` follows a replaced embedded
+    broker (:mod:`prmloop.store.follow`): a batch in flight then goes to the new one whole. Every
+    event is first written to the outbox (when one is given), so events acknowledged by an in-memory
+    broker that then restarts can be re-published by ``reconcile``.
     """
 
     def __init__(
@@ -127,24 +138,47 @@ class EventProducer:
         linger_ms: int = 5,
         timeout_s: float = 60.0,
         max_request_size: int = 8 * 1024 * 1024,
+        follow_broker: bool = True,
     ) -> None:
         self.kafka = kafka or KafkaSettings()
         self.outbox = outbox
         self.timeout_s = timeout_s
-        self._producer = KafkaProducer(
-            **self.kafka.client_kwargs(bootstrap_servers),
-            acks="all",
-            linger_ms=linger_ms,
-            retries=5,
-            retry_backoff_ms=200,
-            request_timeout_ms=10_000,
-            max_block_ms=10_000,
-            reconnect_backoff_max_ms=2_000,
+        self._options: dict[str, Any] = {
+            "acks": "all",
+            "linger_ms": linger_ms,
+            "retries": 5,
+            "retry_backoff_ms": 200,
+            "request_timeout_ms": 10_000,
+            "max_block_ms": 10_000,
+            "reconnect_backoff_max_ms": 2_000,
             # One in-flight request keeps a key's events in order when a send is retried.
-            max_in_flight_requests_per_connection=1,
-            batch_size=256 * 1024,
-            max_request_size=max_request_size,
-        )
+            "max_in_flight_requests_per_connection": 1,
+            "batch_size": 256 * 1024,
+            "max_request_size": max_request_size,
+        }
+        #: Set when the broker came from broker.json: a replaced embedded broker is followed.
+        self._watch = BrokerWatch.for_servers(bootstrap_servers, self.kafka) if follow_broker else None
+        self.bootstrap_servers = self._watch.resolve("producer") if self._watch is not None else bootstrap_servers
+        self._producer = KafkaProducer(**self.kafka.client_kwargs(self.bootstrap_servers), **self._options)
+
+    def _follow(self) -> bool:
+        """Reconnect to the broker that replaced ours (see :mod:`prmloop.store.follow`); True if it did."""
+        change = self._watch.check() if self._watch is not None else None
+        if change is None or self._watch is None:
+            return False
+        log.warning("producer: %s", change.message())
+        if change.kind != "moved":
+            return False
+        try:
+            producer = KafkaProducer(**self.kafka.client_kwargs(change.broker.bootstrap_servers), **self._options)
+        except KafkaError as exc:
+            log.warning("producer: connecting to %s failed (%r); trying again", change.broker.describe(), exc)
+            return False
+        old, self._producer = self._producer, producer
+        self.bootstrap_servers = change.broker.bootstrap_servers
+        self._watch.follow(change.broker)
+        old.close(timeout=0)
+        return True
 
     def publish(self, events: Iterable[Envelope]) -> int:
         """Send ``events`` (each to its type's topic, keyed by ``correlation_id``); wait for acks.
@@ -166,6 +200,7 @@ class EventProducer:
         pending = batch
         rejected: list[tuple[Envelope, KafkaError]] = []
         delay = 0.2
+        self._follow()
         while True:
             futures = []
             for e in pending:
@@ -177,7 +212,9 @@ class EventProducer:
                     rejected.append((e, exc))
                     continue
                 futures.append((e, fut))
-            self._producer.flush(timeout=self.timeout_s)
+            if not self._flushed(deadline):
+                pending = _all_but(batch, rejected)
+                continue
             failed: list[Envelope] = []
             last_error: BaseException | None = None
             for e, fut in futures:
@@ -200,10 +237,23 @@ class EventProducer:
             log.warning("retrying %d unacknowledged events after %r", len(failed), last_error)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-            pending = failed
+            pending = _all_but(batch, rejected) if self._follow() else failed
         if rejected:
             self._reject(rejected)
         return len(batch)
+
+    def _flushed(self, deadline: float) -> bool:
+        """Wait until every record sent is acknowledged or failed (or ``deadline`` passed); False if the
+        followed broker was replaced meanwhile (what it did not acknowledge must go to the new one)."""
+        while True:
+            try:
+                self._producer.flush(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                return True
+            except KafkaTimeoutError:
+                if self._follow():
+                    return False
+                if time.monotonic() >= deadline:
+                    return True  # the futures report the failure
 
     def _reject(self, rejected: list[tuple[Envelope, KafkaError]]) -> None:
         first, exc = rejected[0]
@@ -227,6 +277,7 @@ class EventProducer:
     ) -> FutureRecordMetadata:
         """Send one record as it is; the returned future raises the broker's error, if any (a record
         the client refuses before sending, e.g. above ``max_request_size``, fails the future too)."""
+        self._follow()
         try:
             return self._producer.send(topic, key=key, value=value, headers=headers)
         except KafkaError as exc:
@@ -234,8 +285,8 @@ class EventProducer:
             failed.failure(exc)
             return failed
 
-    def close(self) -> None:
-        self._producer.close(timeout=10)
+    def close(self, timeout_s: float = 10) -> None:
+        self._producer.close(timeout=timeout_s)
         if self.outbox is not None:
             self.outbox.close()
 

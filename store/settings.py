@@ -86,3 +86,13 @@ class StateSettings(BaseSettings):
     @property
     def broker_file(self) -> Path:
         return self.home / "broker.json"
+
+    @property
+    def run_dir(self) -> Path:
+        """One record per service ``prmloop up`` started (``<name>.json``)."""
+        return self.home / "run"
+
+    @property
+    def links_dir(self) -> Path:
+        """One record per running Kafka client that follows ``broker.json``: the broker it uses now."""
+        return self.run_dir / "links"

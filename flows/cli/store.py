@@ -101,35 +101,42 @@ def status(
     db: DbOption = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
-    """How the loop is doing: services `prmloop up` runs, consumer lag per topic, events per topic and
-    type, solutions/labels per hour, acceptance rate, tokens per accepted label, current PRM and
-    calibration, conflicting duplicates, the last ingestion. One JSON object."""
-    from prmloop.flows.stack import running_services
-    from prmloop.store.broker import find_bootstrap_servers
+    """How the loop is doing: the services `prmloop up` started (running, or dead with their last log
+    line; which broker each Kafka service reads from), the broker, consumer lag per topic, dead letters
+    per topic (count, newest error type), events per topic and type, solutions/labels per hour,
+    acceptance rate, tokens per accepted label, current PRM and calibration, conflicting duplicates, the
+    last ingestion. One JSON object."""
+    from prmloop.flows.stack import service_report
+    from prmloop.store.broker import find_bootstrap_servers, read_broker_file
     from prmloop.store.duck import store_health
     from prmloop.store.metrics import loop_metrics
+    from prmloop.store.settings import KafkaSettings
 
     path = db_path(db)
-    report: dict[str, object] = {
-        "services": {
-            name: {"pid": r.pid, "log": r.log, **({"url": r.url} if r.url else {})}
-            for name, r in running_services().items()
-        }
-    }
+    report: dict[str, object] = {"services": service_report()}
     servers = find_bootstrap_servers()
+    configured = KafkaSettings().bootstrap_servers
+    named = None if configured else read_broker_file()
+    report["broker"] = {
+        "bootstrap_servers": configured or (named.bootstrap_servers if named else None),
+        "from": "KAFKA_BOOTSTRAP_SERVERS" if configured else "broker.json",
+        **({"cluster_id": named.cluster_id} if named else {}),
+        "reachable": servers is not None,
+    }
     if servers:
         from prmloop.consumers.annotator import ANNOTATOR_GROUP
         from prmloop.consumers.consensus import CONSENSUS_GROUP
         from prmloop.consumers.judge import JUDGE_GROUP
         from prmloop.consumers.scorer import SCORER_GROUP
         from prmloop.consumers.sink import SINK_GROUP
+        from prmloop.store.deadletter import dead_letter_summary
         from prmloop.store.lag import consumer_lag
-        from prmloop.store.settings import KafkaSettings
 
         groups = [SINK_GROUP, SCORER_GROUP, ANNOTATOR_GROUP, JUDGE_GROUP, CONSENSUS_GROUP]
-        report["consumers"] = consumer_lag(servers, groups, approximate=not KafkaSettings().bootstrap_servers)
+        report["consumers"] = consumer_lag(servers, groups, approximate=not configured)
+        report["dead_letters"] = dead_letter_summary(servers)
     else:
-        report["consumers"] = "no broker reachable (prmloop up, or KAFKA_BOOTSTRAP_SERVERS)"
+        report["consumers"] = report["dead_letters"] = "no broker reachable (prmloop up, or KAFKA_BOOTSTRAP_SERVERS)"
     report.update(store_health(path, timeout_s=timeout))
     report.update(loop_metrics(path, timeout_s=timeout))
     typer.echo(json.dumps(report, default=str))

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.stack import read_state, running_services
+from prmloop.store.broker import read_broker_file
+from prmloop.store.duck import StoreLocked, query
+from prmloop.store.follow import read_links
+from prmloop.store.kafka import EventProducer
 from prmloop.store.settings import StateSettings
 
 
@@ -34,6 +43,13 @@ def _gone(pid: int) -> bool:
     except OSError:
         return True
     return stat.split(") ", 1)[-1].startswith("Z")
+
+
+def _count(home: Path, sql: str) -> int:
+    try:
+        return int(query(home / "prmloop.duckdb", sql, timeout_s=5).rows[0][0])
+    except (StoreLocked, FileNotFoundError):
+        return -1
 
 
 def _children(pid: int) -> list[int]:
@@ -135,3 +151,66 @@ def test_screenshots_of_the_prefect_ui_show_the_loop(tmp_path: Path) -> None:
         assert all(size > 20_000 for size in sizes.values()), sizes  # a blank page is a few kB
     finally:
         _prmloop(tmp_path, "down")
+
+
+def _status(home: Path) -> dict[str, Any]:
+    out = _prmloop(home, "status", timeout=120)
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout))
+
+
+def test_up_after_a_killed_broker_moves_the_services_and_status_flags_a_dead_one(
+    tmp_path: Path, wait_until: Callable[..., None]
+) -> None:
+    """The issue's reproduction, small: `up`, SIGKILL the broker, `up` again: the running sink moves to
+    the new broker (it is not left on the dead port), events published then are stored, and `status`
+    says which broker the sink reads from; a SIGKILLed sink is then listed as dead, not dropped."""
+    state = StateSettings(home=tmp_path)
+    try:
+        first = _prmloop(tmp_path, "up", "--only", "broker", "--only", "sink")
+        assert first.returncode == 0, first.stderr
+        old = read_broker_file(state)
+        assert old is not None and old.cluster_id
+        sink = running_services(state)["sink"]
+        wait_until(lambda: any(link["pid"] == sink.pid for link in read_links(state)), 60, "the sink to connect")
+        os.kill(running_services(state)["broker"].pid, signal.SIGKILL)  # its Tansu dies with it
+
+        again = _prmloop(tmp_path, "up", "--only", "broker", "--only", "sink")
+        assert again.returncode == 0, again.stderr
+        new = read_broker_file(state)
+        assert new is not None and new.cluster_id != old.cluster_id
+        assert json.loads(again.stdout)["started"] == ["broker"]
+        assert f"sink is already running (pid {sink.pid}) and uses the new broker {new.describe()}" in again.stderr
+
+        events = [e.model_copy(update={"event_id": uuid.uuid4()}) for e in synthetic_events(20, seed=7)]
+        with EventProducer(new.bootstrap_servers) as producer:
+            producer.publish(events)
+        ids = ",".join(f"'{e.event_id}'" for e in events)
+        wait_until(
+            lambda: _count(tmp_path, f"SELECT count(*) FROM events WHERE event_id IN ({ids})") == 20,
+            30,
+            "the 20 events published after the restart to be stored",
+        )
+
+        status = _status(tmp_path)
+        assert status["broker"] == {
+            "bootstrap_servers": new.bootstrap_servers,
+            "from": "broker.json",
+            "cluster_id": new.cluster_id,
+            "reachable": True,
+        }
+        shown = status["services"]["sink"]
+        assert shown["state"] == "running" and shown["pid"] == sink.pid
+        assert shown["broker"]["cluster_id"] == new.cluster_id and shown["broker"]["current"] is True
+        assert status["services"]["broker"]["serves"]["cluster_id"] == new.cluster_id
+        assert status["dead_letters"]["steps.labeled.dlq"] == {"count": 0}
+
+        os.kill(sink.pid, signal.SIGKILL)
+        wait_until(lambda: _gone(sink.pid), 10, "the killed sink to be gone")
+        dead = _status(tmp_path)["services"]["sink"]
+        assert dead["state"] == "dead" and dead["pid"] == sink.pid
+        assert dead["last_log_line"] and "broker was replaced" in Path(dead["log"]).read_text()
+    finally:
+        _prmloop(tmp_path, "down")
+    assert running_services(state) == {}
+    assert read_links(state) == [], "down left the killed sink's link record"
