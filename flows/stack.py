@@ -1,7 +1,7 @@
 """``prmloop up`` / ``prmloop down``: everything one machine needs, as background processes.
 
 ``up`` starts, in order, the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), the sink,
-the scorer, annotator, judge and consensus services, a Prefect server with its UI, and a process that
+the scorer, selector, annotator, judge and consensus services, a Prefect server with its UI, and a process that
 serves the loop's deployments (:mod:`prmloop.flows.deployments`). Each runs in its own session (it
 outlives the ``up`` command), logs to ``$PRMLOOP_HOME/logs/<name>.log`` and is recorded in
 ``$PRMLOOP_HOME/run/<name>.json`` (pid, command line, start time, and for the Prefect server its URL).
@@ -43,9 +43,19 @@ __all__ = [
 ]
 
 #: Every service ``up`` knows, in start order.
-SERVICES: tuple[str, ...] = ("broker", "sink", "scorer", "annotator", "judge", "consensus", "prefect", "deployments")
+SERVICES: tuple[str, ...] = (
+    "broker",
+    "sink",
+    "scorer",
+    "selector",
+    "annotator",
+    "judge",
+    "consensus",
+    "prefect",
+    "deployments",
+)
 #: The services that hold a Kafka connection for as long as they run (the others connect per flow run).
-KAFKA_SERVICES: tuple[str, ...] = ("sink", "scorer", "annotator", "judge", "consensus")
+KAFKA_SERVICES: tuple[str, ...] = ("sink", "scorer", "selector", "annotator", "judge", "consensus")
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,8 @@ def _command(name: str, port: int | None) -> list[str]:
         return _cli("sink")
     if name == "scorer":
         return _cli("score")
+    if name == "selector":
+        return _cli("select", "--threads", "1")
     if name == "annotator":
         return _cli("annotate", "--threads", "1")
     if name == "judge":
