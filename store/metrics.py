@@ -29,13 +29,35 @@ FROM cost_ledger GROUP BY 1
 """
 
 
+#: The loop's learning curve: each registered ensemble PRM (one per retrain round) with its held-out
+#: F1, the labels it trained on, and what the loop had spent and skipped by the time it was registered.
+_LEARNING = """
+SELECT m.model_id,
+       m.registered_at,
+       m.train_examples,
+       TRY_CAST(m.metrics->>'heldout_f1' AS DOUBLE) AS heldout_f1,
+       coalesce(TRY_CAST(e.payload->'parameters'->>'promoted' AS BOOLEAN), false) AS promoted,
+       (SELECT coalesce(sum(completion_tokens), 0) FROM solutions s WHERE s.sampled_at <= m.registered_at)
+         + (SELECT coalesce(sum(generated_tokens), 0) FROM cost_ledger c WHERE c.occurred_at <= m.registered_at)
+         AS generated_tokens,
+       (SELECT count(*) FROM consensus d WHERE d.decision = 'accepted' AND d.occurred_at <= m.registered_at)
+         AS accepted_labels,
+       (SELECT count(*) FROM selections x WHERE x.decision = 'skip' AND x.occurred_at <= m.registered_at)
+         AS skipped
+FROM model_versions m JOIN events e ON e.event_id = m.event_id
+WHERE m.kind = 'prm_ensemble'
+ORDER BY m.registered_at
+"""
+
+
 def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(con.execute(sql).fetchall())
 
 
 def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
-    tokens per accepted label (annotation plus judging, sampling excluded), the current PRM and the
+    tokens per accepted label (annotation plus judging, sampling excluded), the learning curve (each
+    ensemble PRM's held-out F1 next to the labels and tokens spent by then), the current PRM and the
     latest calibration."""
     with open_reader(db, timeout_s=timeout_s) as (con, _):
         per_hour = [
@@ -52,6 +74,20 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
             "WHERE kind = 'prm' ORDER BY registered_at DESC LIMIT 1",
         )
+        learning = [
+            {
+                "round": i,
+                "model_id": model,
+                "registered_at": str(at),
+                "train_solutions": int(n or 0),
+                "heldout_f1": f1,
+                "promoted": bool(promoted),
+                "generated_tokens": int(tokens),
+                "accepted_labels": int(accepted),
+                "skipped": int(skipped),
+            }
+            for i, (model, at, n, f1, promoted, tokens, accepted, skipped) in enumerate(_rows(con, _LEARNING))
+        ]
         calibration = _rows(
             con,
             "SELECT calibration_id, prm, score_rule, method, metrics, fitted_at FROM calibrations "
@@ -69,6 +105,7 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
         "solutions": int(sampled[1]),
         "tokens_per_accepted_label": label_tokens / accepted if accepted else None,
         "cost_by_source": cost,
+        "learning": learning,
         "current_prm": _record(prm, ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")),
         "calibration": _record(calibration, ("calibration_id", "prm", "score_rule", "method", "metrics", "fitted_at")),
     }

@@ -128,9 +128,8 @@ def _sample_arith(
                 say("loading the embedded SmolLM2 to sample the curriculum pool (once; kept in the cache)")
                 from prmloop.models.backends.registry import BackendConfig, build_backend
 
-                engine[0] = build_backend(
-                    BackendConfig(backend="transformers", model="smollm2", options={"num_threads": threads})
-                )
+                options = {"num_threads": threads} if threads else {}
+                engine[0] = build_backend(BackendConfig(backend="transformers", model="smollm2", options=options))
             tick = time.perf_counter()
             result = measure_arith_levels(
                 [level],

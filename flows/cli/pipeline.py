@@ -238,7 +238,10 @@ def serve(
 def demo(
     *,
     minutes: Annotated[float, typer.Option(help="time budget; sizes come from a speed probe of this machine")] = 15.0,
-    home: Annotated[Path | None, typer.Option(help="the demo's own state folder (default $PRMLOOP_HOME/demo)")] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="state folder (default $PRMLOOP_HOME, where every command looks)")
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="rounds of the loop (sample ... retrain), at least 1")] = 3,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads per model (default: torch's)")] = None,
     level: Annotated[int, typer.Option(help="arithmetic curriculum level 1-5")] = 1,
     judge: Annotated[
@@ -246,10 +249,18 @@ def demo(
     ] = "exact",
     seed: int = 0,
 ) -> None:
-    """The whole loop once on the embedded defaults: prioritize, sample, score, annotate, judge, filter,
-    store, calibrate, prioritize again; ends with where the Prefect UI is and SQL to try."""
+    """The loop on the embedded defaults within a time budget: prioritize, then rounds of sample, score,
+    select, annotate, judge, consensus and retrain (the ensemble PRM's held-out F1 per round), calibrate;
+    ends with the learning curve, where the Prefect UI is and commands to try. Stage lines on the
+    terminal; everything else in $PRMLOOP_HOME/logs/demo.log."""
     from prmloop.flows.demo import DemoSettings, run_demo
 
     if judge not in ("exact", "critic", "stepwise"):
         raise typer.BadParameter(f"--judge must be exact, critic or stepwise, not {judge!r}")
-    run_demo(DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge))
+    if rounds < 1:
+        raise typer.BadParameter(f"--rounds must be at least 1, not {rounds}")
+    if minutes <= 0:
+        raise typer.BadParameter(f"--minutes must be positive, not {minutes:g}")
+    run_demo(
+        DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge, rounds=rounds)
+    )
