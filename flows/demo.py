@@ -37,7 +37,15 @@ from typing import IO, Any
 from rich.console import Console
 from rich.table import Table
 
-from prmloop.flows.demo_stages import DemoSettings, Stages, plan_round, wait_stored
+from prmloop.flows.demo_stages import (
+    FINAL_RESERVE_S,
+    MIN_ROUND_TOKENS,
+    ROUND_OVERHEAD_S,
+    DemoSettings,
+    Stages,
+    plan_round,
+    wait_stored,
+)
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["DEMO_QUERIES", "command_prefix", "next_commands", "run_demo"]
@@ -269,8 +277,15 @@ def _run_rounds(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": [], "cut": []}
     first = plan_round(speed, left() - SETUP_S, s.rounds)
-    questions = (first.questions if first else 1) * s.rounds + 2
-    term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe() if first else 'too slow'}")
+    if first is None:
+        need = (SETUP_S + FINAL_RESERVE_S + s.rounds * (ROUND_OVERHEAD_S + MIN_ROUND_TOKENS / max(speed, 0.1))) / 60
+        term.stage(
+            "budget", f"cut every round: at {speed:.1f} tokens/s a round does not fit; --minutes {need:.0f} would"
+        )
+        out["cut"].append("every round")
+        return out
+    questions = first.questions * s.rounds + 2
+    term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
     stages.heldout()
     stages.prioritize(questions)
     measured_tokens, measured_s = 0.0, 0.0

@@ -22,6 +22,7 @@ from prmloop.store.duck import QueryError, StoreLocked, query
 
 __all__ = [
     "FINAL_RESERVE_S",
+    "MIN_ROUND_TOKENS",
     "ROUND_OVERHEAD_S",
     "DemoSettings",
     "RoundPlan",
@@ -40,6 +41,8 @@ FINAL_RESERVE_S = 60.0
 #: Tokens a curriculum solution and an MC label cost on average (level 1, SmolLM2; measured).
 TOKENS_PER_SOLUTION = 70
 TOKENS_PER_LABEL = 500
+#: The tokens of the smallest round: one question of ``k = 4`` solutions at 40 % of the round's tokens.
+MIN_ROUND_TOKENS = 4 * TOKENS_PER_SOLUTION / 0.4
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def _sample_arith(
         while done.get(level, 0) < questions:
             first = done.get(level, 0)
             if engine[0] is None:
-                say("loading the embedded SmolLM2 to sample the curriculum pool (once; kept in the cache)")
+                say("sampling curriculum solutions with the embedded SmolLM2 (once; kept in the cache)")
                 from prmloop.models.backends.registry import BackendConfig, build_backend
 
                 options = {"num_threads": threads} if threads else {}
