@@ -165,8 +165,10 @@ def _curve(
     return points
 
 
-def _load_features(items: Sequence[PoolItem], settings: ActiveSettings, root: Path, say: Say) -> dict[str, np.ndarray]:
-    cache = FeatureCache(root / "features", settings.spec)
+def _load_features(items: Sequence[PoolItem], settings: ActiveSettings, say: Say) -> dict[str, np.ndarray]:
+    from prmloop.store.settings import StateSettings
+
+    cache = FeatureCache(StateSettings().features_dir, settings.spec)
     last = [0.0]
 
     def progress(done: int, missing: int, seconds: float) -> None:
@@ -235,7 +237,7 @@ def run_active(
     )
     pool, held = split_pool(items)
     say(f"{settings.pool}: {len(pool)} pool solutions, {len(held)} held out")
-    features = _load_features(items, settings, root, say)
+    features = _load_features(items, settings, say)
     total_cost = sum(i.cost for i in pool)
     budgets = [b * total_cost for b in settings.budgets]
     curves: dict[str, list[list[dict[str, float]]]] = {}
@@ -328,7 +330,7 @@ def label_quality(settings: ActiveSettings, *, root: Path, say: Say = print) -> 
         say=say,
     )
     pool, held = split_pool(items)
-    features = _load_features(items, settings, root, say)
+    features = _load_features(items, settings, say)
     labelled = [i for i in pool if i.label_first_error is not None]
     agree = [i for i in labelled if i.label_first_error == i.first_error]
     n = len(agree)
