@@ -59,7 +59,7 @@ class ActiveSettings:
     ensemble: EnsembleConfig = field(default_factory=lambda: EnsembleConfig(threads=1))
     thresholds: Thresholds = field(default_factory=Thresholds)
     spec: FeatureSpec = field(default_factory=FeatureSpec)
-    arith_questions: int = 160
+    arith_questions: int = 100
     mc_limit: int = 240
     threads: int | None = None
 
