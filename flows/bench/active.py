@@ -265,6 +265,10 @@ def run_active(
                 + f" ({time.perf_counter() - tick:.0f}s)"
             )
     arms = _summarise(curves, total_cost)
+    n = min(1000, len(items))
+    tick = time.perf_counter()
+    _train(random.Random(0).sample(items, n), features, settings.ensemble)
+    train_speed = {"solutions": n, "seconds": round(time.perf_counter() - tick, 2), "heads": settings.ensemble.heads}
     result: dict[str, Any] = {
         "pool": settings.pool,
         "pool_solutions": len(pool),
@@ -274,6 +278,7 @@ def run_active(
         "budgets": list(settings.budgets),
         "seeds": settings.seeds,
         "arms": arms,
+        "train_speed": train_speed,
         "thresholds": settings.thresholds.__dict__,
         "ensemble": settings.ensemble.model_dump(mode="json"),
     }
