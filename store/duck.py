@@ -27,6 +27,8 @@ from prmloop.store.lake import (
     EVENT_COLUMNS_SQL,
     LakeEventStore,
     LakeStore,
+    drop_stale_conflicts,
+    fact_sql,
     is_lake_spec,
     open_lake,
     parse_lake,
@@ -71,7 +73,7 @@ SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS events (
 {events}
 );
--- Records whose event_id was already stored with other content (or lost to another record of the
+-- Records whose event_id was already stored with another fact (or lost to another record of the
 -- same batch): never silently dropped. One row per distinct conflicting version of an event.
 CREATE TABLE IF NOT EXISTS conflicts (
 {conflicts},
@@ -142,19 +144,8 @@ class WriteResult:
     inserted: int
     open_wait_s: float
     write_s: float
-    #: Records of this batch whose event_id is stored with other content (new rows in ``conflicts``).
+    #: Records of this batch whose event_id is stored with another fact (new rows in ``conflicts``).
     conflicts: int = 0
-
-
-def content_sql(alias: str) -> str:
-    """What makes two records "the same event": every envelope field and the payload (as JSON text
-    normalised by DuckDB). Equal content under one event_id is a harmless redelivery."""
-    a = alias
-    return (
-        f"concat_ws(chr(31), {a}.event_type, CAST({a}.schema_version AS VARCHAR), "
-        f"strftime({a}.occurred_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S.%f'), {a}.producer, "
-        f"coalesce(CAST({a}.causation_id AS VARCHAR), ''), {a}.correlation_id, CAST({a}.payload AS VARCHAR))"
-    )
 
 
 #: One consumed record as a stored row (the event's columns; the payload cut out of the body by DuckDB).
@@ -200,15 +191,15 @@ WHERE CAST(event_id AS UUID) NOT IN (
 """
 
 # After the insert every staged event_id has exactly one stored row: a pre-existing one, or the
-# batch's first record (by topic, partition, offset). A staged record whose content differs from it
+# batch's first record (by topic, partition, offset). A staged record whose fact differs from it
 # is a conflict. Only run when the batch held an event_id twice or one already stored.
 _CONFLICTS_SQL = f"""
 INSERT OR IGNORE INTO conflicts
 SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
-       sha256({content_sql("s")}), sha256({content_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
+       sha256({fact_sql("s")}), sha256({fact_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
 FROM staged s JOIN events e ON e.event_id = s.event_id
-WHERE {content_sql("s")} <> {content_sql("e")}
-QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({content_sql("s")})
+WHERE {fact_sql("s")} <> {fact_sql("e")}
+QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({fact_sql("s")})
                            ORDER BY s.topic, s.kafka_partition, s.kafka_offset) = 1
 """
 
@@ -232,6 +223,7 @@ class EventStore:
         with self._open() as (con, _):
             con.execute(SCHEMA_SQL)
             con.execute(projection_sql())
+            drop_stale_conflicts(con)
 
     @contextmanager
     def _open(self) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
@@ -247,8 +239,9 @@ class EventStore:
 
         Only event ids no stored row has are inserted, so the first version of an event stays: the
         stored one, else the batch's first by (topic, partition, offset), a deterministic order. A
-        redelivery with the same content is a no-op; one with other content is a row in
-        ``conflicts`` (never silently dropped), written in the same transaction.
+        redelivery of the same fact (:func:`fact_sql`: type, version, payload; from any producer) is a
+        no-op; another fact under the id is a row in ``conflicts`` (never silently dropped), written
+        in the same transaction.
         """
         t0 = time.monotonic()
         conflicts = 0
@@ -271,7 +264,7 @@ class EventStore:
                 else:
                     con.execute(stage_sql(rows, unique=False))
                     inserted = _changed(con.execute(_INSERT_SQL, [now]))
-                if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare content
+                if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare the facts
                     if unique:
                         con.execute(stage_sql(rows, unique=True))
                     con_before = _count(con, "conflicts")

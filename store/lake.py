@@ -102,6 +102,40 @@ FROM sink_offsets_log GROUP BY ALL;
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
 
+def fact_sql(alias: str) -> str:
+    """What makes two records with one ``event_id`` the same fact: the event type, the schema version
+    and the payload (as JSON text normalised by DuckDB). The envelope's producer, time and cause are
+    not part of it: the same fact published by two producers (``sample`` and ``prioritize`` both
+    register a question under its deterministic id) is a redelivery, not a conflict."""
+    a = alias
+    return _fact(f"{a}.event_type", f"{a}.schema_version", f"{a}.payload")
+
+
+def _fact(event_type: str, schema_version: str, payload: str) -> str:
+    return f"concat_ws(chr(31), {event_type}, CAST({schema_version} AS VARCHAR), CAST({payload} AS VARCHAR))"
+
+
+#: Rows an older sink added to ``conflicts`` for what is a redelivery by :func:`fact_sql` (it compared
+#: the whole envelope): the kept record's fact equals the stored event's.
+_STALE_CONFLICT_FACT = _fact(
+    "c.event_type",
+    "CAST(json_extract(c.body, '$.schema_version') AS INTEGER)",
+    "CAST(json_extract(c.body, '$.payload') AS JSON)",
+)
+STALE_CONFLICTS_WHERE = f"""EXISTS (
+    SELECT 1 FROM events e WHERE e.event_id = c.event_id AND {fact_sql("e")} = {_STALE_CONFLICT_FACT})"""
+
+
+def drop_stale_conflicts(con: duckdb.DuckDBPyConnection) -> int:
+    """Delete the rows :data:`STALE_CONFLICTS_WHERE` finds (counted first: a lake commits nothing when
+    there are none); returns how many."""
+    row = con.execute(f"SELECT count(*) FROM conflicts c WHERE {STALE_CONFLICTS_WHERE}").fetchone()
+    stale = int(row[0]) if row else 0
+    if stale:
+        con.execute(f"DELETE FROM conflicts c WHERE {STALE_CONFLICTS_WHERE}")
+    return stale
+
+
 class LakeError(TransientError):
     """The lake cannot be reached or set up: one line naming the catalog and what to do. Transient
     for the sink (it retries the batch with backoff: a catalog restarting is not a reason to exit)."""
@@ -280,6 +314,7 @@ def ensure_schema(store: LakeStore, projections: str) -> None:
             con.execute("BEGIN TRANSACTION")
             con.execute(SCHEMA_SQL)
             con.execute(projections)
+            drop_stale_conflicts(con)
             con.execute("COMMIT")
 
     retrying(create, what="creating the lake's tables")
@@ -296,7 +331,7 @@ WHERE s.rn = 1 AND s.event_id NOT IN (SELECT event_id FROM events_log WHERE even
 """
 
 
-def _conflicts_sql(content: Callable[[str], str]) -> str:
+def _conflicts_sql(content: Callable[[str], str] = fact_sql) -> str:
     return f"""
 INSERT INTO conflicts
 SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
@@ -339,10 +374,10 @@ class LakeEventStore:
             self._con = None
 
     def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
-        from prmloop.store.duck import WriteResult, content_sql, stage_sql
+        from prmloop.store.duck import WriteResult, stage_sql
 
         t0 = time.monotonic()
-        conflicts_sql = _conflicts_sql(content_sql)
+        conflicts_sql = _conflicts_sql()
         off = pa.table(
             {
                 "topic": pa.array([o[0] for o in offsets], pa.string()),

@@ -75,7 +75,8 @@ def test_two_writers_storing_the_same_events_at_once_show_each_event_once(lake_s
 
 def test_a_conflicting_version_is_kept_in_conflicts_not_dropped(lake_store: LakeStore) -> None:
     [event] = synthetic_events(1, k=1, seed=4)[:1]
-    other = event.model_copy(update={"producer": "someone-else"})
+    changed = event.payload.model_copy(update={"question_id": "another question"})
+    other = event.model_copy(update={"producer": "someone-else", "payload": changed})
     writer = lake_writer(lake_store)
     writer.write_batch(events_to_arrow(consumed([event])), [("t", 0, 1)])
     result = writer.write_batch(events_to_arrow(consumed([other, other], start=1)), [("t", 0, 3)])
