@@ -33,6 +33,10 @@ from prmloop.store.lake import (
     open_lake,
     parse_lake,
 )
+from prmloop.store.sql_guard import (
+    ReadOnlyViolation,  # noqa: F401 - callers catch it from here
+    check_read_only,
+)
 
 #: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/lake.py).
 StoreLocation: TypeAlias = Path | str | LakeStore
@@ -54,8 +58,9 @@ def store_exists(location: StoreLocation) -> bool:
 
 
 def locate(location: StoreLocation) -> Path | LakeStore:
-    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data under
-    ``$PRMLOOP_HOME/lake/data`` unless the spec says ``#data=<dir>``)."""
+    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data in ``<dir>/data``
+    for ``ducklake:pgserver:<dir>``, else under ``$PRMLOOP_HOME/lake/data``, unless the spec says
+    ``#data=<dir>``; see store/lake_catalog.py)."""
     if isinstance(location, LakeStore):
         return location
     if is_lake_spec(str(location)):
@@ -88,20 +93,18 @@ CREATE TABLE IF NOT EXISTS sink_offsets (
 );
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
-#: What ``prmloop sql`` accepts; anything else (INSERT, COPY, ATTACH, SET, PRAGMA, CALL, ...) is refused.
-READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
-
 
 class StoreLocked(TimeoutError):
     pass
 
 
-class ReadOnlyViolation(ValueError):
-    pass
-
-
 class QueryError(ValueError):
     """A read-only query DuckDB could not run (unknown table, type mismatch, ...): one line."""
+
+
+class QueryIOError(QueryError, OSError):
+    """A query that failed reading the store (a file, the catalog's server): one line, and an
+    ``OSError`` too, so a service retries it as it retries any I/O failure."""
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -334,14 +337,16 @@ READER_CONFIG: dict[str, Any] = {
 
 @contextmanager
 def open_reader(
-    location: StoreLocation, *, timeout_s: float = 30.0
+    location: StoreLocation, *, timeout_s: float = 30.0, sandboxed: bool = False
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
     """A read-only connection, retried while the sink holds the file. Yields (connection, waited_s).
 
-    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up."""
+    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up; it
+    reaches the catalog as the reader role, and ``sandboxed`` (for someone's SQL) refuses a catalog
+    role that can do more than read (see store/lake_catalog.py)."""
     path = locate(location)
     if isinstance(path, LakeStore):
-        with open_lake(path, read_only=True) as lake_con:
+        with open_lake(path, read_only=True, sandboxed=sandboxed) as lake_con:
             yield lake_con, 0.0
         return
     if not path.exists():
@@ -359,73 +364,6 @@ def _one_line(text: str, limit: int = 400) -> str:
     return " ".join(str(text).split())[:limit]
 
 
-def _explained_statement(query: str) -> str | None:
-    """The statement an ``EXPLAIN [ANALYZE] [(options)]`` statement explains, or None if not found.
-
-    Found with DuckDB's own tokenizer, so comments and spacing cannot hide what follows.
-    """
-    tokens = duckdb.tokenize(query)
-    words = [
-        (pos, query[pos : tokens[i + 1][0] if i + 1 < len(tokens) else len(query)].strip())
-        for i, (pos, kind) in enumerate(tokens)
-        if kind != duckdb.token_type.comment
-    ]
-    i = 0
-    if i < len(words) and words[i][1].upper() == "EXPLAIN":
-        i += 1
-    else:
-        return None
-    if i < len(words) and words[i][1].upper() == "ANALYZE":
-        i += 1
-    if i < len(words) and words[i][1].startswith("("):  # EXPLAIN (FORMAT json) ...: skip the options
-        depth = 0
-        while i < len(words):
-            depth += words[i][1].count("(") - words[i][1].count(")")
-            i += 1
-            if depth <= 0:
-                break
-    return query[words[i][0] :] if i < len(words) else None
-
-
-def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if every one only reads; otherwise :class:`ReadOnlyViolation`.
-
-    ``EXPLAIN`` is allowed only of a reading statement: ``EXPLAIN ANALYZE`` executes what it explains
-    (``EXPLAIN ANALYZE CREATE TEMP TABLE ...`` would create a table even on a read-only connection).
-    """
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise ReadOnlyViolation(f"the query does not parse: {_one_line(str(exc))}") from exc
-    if not statements:
-        raise ReadOnlyViolation("the query is empty: give a SELECT statement")
-    for i, st in enumerate(statements, 1):
-        # Compared with ==, never `is`: DuckDB 1.5's enum values are new objects on every access.
-        kind = st.type
-        explained = False
-        if kind == duckdb.StatementType.EXPLAIN:
-            explained = True
-            inner = _explained_statement(st.query)
-            try:
-                inner_statements = duckdb.extract_statements(inner) if inner else []
-            except duckdb.Error:
-                inner_statements = []
-            if len(inner_statements) != 1:
-                raise ReadOnlyViolation(
-                    f"statement {i} is an EXPLAIN whose statement cannot be read: give EXPLAIN SELECT ..."
-                )
-            kind = inner_statements[0].type
-            if kind == duckdb.StatementType.EXPLAIN:
-                raise ReadOnlyViolation(f"statement {i} explains an EXPLAIN: give EXPLAIN SELECT ...")
-        if kind not in READ_ONLY_STATEMENTS:
-            raise ReadOnlyViolation(
-                f"statement {i} is {'an EXPLAIN of ' if explained else ''}{kind.name}: `prmloop sql` "
-                "only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of those). The store is "
-                "changed only by events, through the sink; export results with --format csv/json instead of COPY."
-            )
-    return [st.query for st in statements]
-
-
 @dataclass
 class QueryResult:
     columns: list[str]
@@ -434,11 +372,19 @@ class QueryResult:
 
 
 def query(
-    path: StoreLocation, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0
+    path: StoreLocation,
+    sql: str,
+    params: Sequence[Any] | None = None,
+    *,
+    timeout_s: float = 30.0,
+    sandboxed: bool = False,
 ) -> QueryResult:
-    """Run read-only ``sql`` against the store; the last statement's result is returned."""
+    """Run read-only ``sql`` against the store; the last statement's result is returned.
+
+    ``sandboxed``: the SQL is someone's (``prmloop sql``): on a DuckLake, refuse to run it as a
+    catalog role that could do more than read. Every failure of the query is one line."""
     statements = check_read_only(sql)
-    with open_reader(path, timeout_s=timeout_s) as (con, waited):
+    with open_reader(path, timeout_s=timeout_s, sandboxed=sandboxed) as (con, waited):
         result: duckdb.DuckDBPyConnection | None = None
         for i, st in enumerate(statements):
             try:
@@ -446,12 +392,11 @@ def query(
                 if i == len(statements) - 1:
                     columns = [d[0] for d in (result.description or [])]
                     rows = result.fetchall() if columns else []
-            except (duckdb.IOException, duckdb.ConnectionException):
-                raise  # the file, not the query: StoreLocked-like conditions stay what they are
             except duckdb.Error as exc:
                 where = f"statement {i + 1}: " if len(statements) > 1 else ""
                 problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
-                raise QueryError(f"the query failed: {where}{_one_line(problem)}") from exc
+                io = isinstance(exc, duckdb.IOException | duckdb.ConnectionException)
+                raise (QueryIOError if io else QueryError)(f"the query failed: {where}{_one_line(problem)}") from exc
     return QueryResult(columns, rows, waited)
 
 

@@ -16,6 +16,8 @@ The same schema as the DuckDB file, adapted to what DuckLake has and lacks:
   newest per partition.
 - The projections are the same views as on the DuckDB file (``projections.sql``).
 
+Where the catalog is and as which PostgreSQL role writers and readers reach it: store/lake_catalog.py.
+
 The extensions come from Python packages (``duckdb-extension-ducklake``, ``-postgres-scanner``),
 built for the pinned DuckDB version: nothing is downloaded.
 """
@@ -24,10 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
-import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,10 +37,37 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
-from prmloop.store.poison import TransientError
+from prmloop.store.lake_catalog import (
+    LAKE_PREFIX,
+    LakeError,
+    LakeStore,
+    ReaderRoleError,
+    check_reader_role,
+    conninfo,
+    is_lake_spec,
+    local_postgres,
+    parse_lake,
+    pgserver_folders,
+)
 
-LAKE_PREFIX = "ducklake:"
+__all__ = [
+    "ALIAS",
+    "LAKE_PREFIX",
+    "LakeError",
+    "LakeEventStore",
+    "LakeStore",
+    "ReaderRoleError",
+    "compact",
+    "ensure_schema",
+    "is_lake_spec",
+    "local_postgres",
+    "open_lake",
+    "parse_lake",
+]
+
 ALIAS = "lake"
+#: The PostgreSQL database DuckLake attaches for the catalog (the name ``prmloop sql`` must not reach).
+METADATA_CATALOG = f"__ducklake_metadata_{ALIAS}"
 
 T = TypeVar("T")
 
@@ -136,58 +162,6 @@ def drop_stale_conflicts(con: duckdb.DuckDBPyConnection) -> int:
     return stale
 
 
-class LakeError(TransientError):
-    """The lake cannot be reached or set up: one line naming the catalog and what to do. Transient
-    for the sink (it retries the batch with backoff: a catalog restarting is not a reason to exit)."""
-
-
-@dataclass(frozen=True)
-class LakeStore:
-    """Where a DuckLake lives: ``catalog`` is ``postgres:<libpq conninfo>`` (a PostgreSQL server) or
-    ``pgserver:<directory>`` (a local PostgreSQL that prmloop starts there); ``data_path`` holds the
-    Parquet files."""
-
-    catalog: str
-    data_path: Path
-
-    @property
-    def spec(self) -> str:
-        """The ``ducklake:...#data=...`` text :func:`parse_lake` reads back (passwords included)."""
-        return f"{LAKE_PREFIX}{self.catalog}#data={self.data_path}"
-
-    def __str__(self) -> str:
-        """For logs and messages: the spec with any password masked."""
-        return re.sub(r"(password=)\S+", r"\1***", self.spec)
-
-
-def is_lake_spec(value: object) -> bool:
-    return isinstance(value, str | LakeStore) and str(value).startswith(LAKE_PREFIX)
-
-
-def parse_lake(spec: str, *, default_data_path: Path) -> LakeStore:
-    """``ducklake:postgres:<conninfo>`` or ``ducklake:pgserver:<dir>``, with an optional data path
-    after ``#data=`` (else ``default_data_path``). Clear one-line errors otherwise."""
-    if not spec.startswith(LAKE_PREFIX):
-        raise ValueError(
-            f"not a DuckLake store: {spec!r}; write ducklake:pgserver:<dir> or ducklake:postgres:<conninfo>"
-        )
-    rest = spec[len(LAKE_PREFIX) :]
-    data_path = default_data_path
-    if "#data=" in rest:
-        rest, _, data = rest.partition("#data=")
-        data_path = Path(data).expanduser()
-    kind, _, where = rest.partition(":")
-    if kind not in ("postgres", "pgserver") or not where.strip():
-        raise ValueError(
-            f"PRMLOOP_STORE={spec!r}: the catalog must be postgres:<libpq conninfo> "
-            "(e.g. ducklake:postgres:dbname=prmloop host=db user=prmloop) or pgserver:<directory> "
-            "(a local PostgreSQL, e.g. ducklake:pgserver:~/.prmloop/lake/pg)"
-        )
-    if kind == "pgserver":
-        where = str(Path(where).expanduser().resolve())
-    return LakeStore(f"{kind}:{where}", data_path.resolve())
-
-
 def extension_file(package: str, name: str) -> str:
     """The extension binary a ``duckdb-extension-*`` package ships for this DuckDB version."""
     try:
@@ -207,48 +181,21 @@ def extension_file(package: str, name: str) -> str:
     return str(path)
 
 
-_servers: dict[str, Any] = {}
-_servers_lock = threading.Lock()
-
-
-def local_postgres(directory: str | Path) -> Any:
-    """A handle on the ``pgserver`` PostgreSQL in ``directory`` (started if needed; it stops when the
-    last process holding a handle exits or calls ``cleanup()``)."""
-    try:
-        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            warnings.simplefilter("ignore")
-            import pgserver
-    except ImportError as exc:
-        raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
-    Path(directory).parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pgserver.get_server(directory, cleanup_mode="stop")
-
-
-def _pgserver_conninfo(directory: str) -> str:
-    """Start (or join) the local PostgreSQL in ``directory``; it stops when its last user exits."""
-    with _servers_lock:
-        server = _servers.get(directory)
-        if server is None:
-            server = local_postgres(directory)
-            _servers[directory] = server
-        uri = server.get_uri()
-    host = re.search(r"host=([^&]+)", uri)
-    return f"dbname=postgres user=postgres host={host.group(1) if host else directory}"
-
-
-def conninfo(store: LakeStore) -> str:
-    kind, _, where = store.catalog.partition(":")
-    return _pgserver_conninfo(where) if kind == "pgserver" else where
-
-
 def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool) -> None:
+    """Attach ``store`` as :data:`ALIAS` and use it; readers reach the catalog as the reader role."""
     con.execute(f"LOAD '{extension_file('duckdb_extension_postgres_scanner', 'postgres_scanner')}'")
     con.execute(f"LOAD '{extension_file('duckdb_extension_ducklake', 'ducklake')}'")
+    kind, _, where = store.catalog.partition(":")
+    if kind == "pgserver":
+        folder = pgserver_folders(Path(where))[0]
+        if store.data_path == folder or folder in store.data_path.parents:
+            raise LakeError(
+                f"the DuckLake data folder {store.data_path} is inside the catalog's PostgreSQL folder {folder}: "
+                "PostgreSQL needs that folder for itself; give #data= a folder outside it"
+            )
     store.data_path.mkdir(parents=True, exist_ok=True)
     options = f"DATA_PATH '{_quote(str(store.data_path))}'" + (", READ_ONLY" if read_only else "")
-    target = _quote(f"ducklake:postgres:{conninfo(store)}")
+    target = _quote(f"ducklake:postgres:{conninfo(store, reader=read_only)}")
     try:
         con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
     except duckdb.Error as exc:
@@ -289,13 +236,16 @@ def retrying(action: Callable[[], T], *, attempts: int = 20, what: str = "the la
 
 
 @contextmanager
-def open_lake(store: LakeStore, *, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection with the lake attached and selected. Readers get no file, network or extension
-    access beyond the lake itself, and cannot switch it back on."""
+    access beyond the lake itself, and cannot switch it back on. ``sandboxed`` (a reader running
+    someone's SQL) also refuses a catalog role that can do more than read (:class:`ReaderRoleError`)."""
     con = duckdb.connect(config=dict(_BASE_CONFIG))
     try:
         _attach(con, store, read_only=read_only)
         if read_only:
+            if sandboxed:
+                check_reader_role(con, METADATA_CATALOG, store)
             # The lake's Parquet files stay readable; nothing else on the file system or network is.
             con.execute(f"SET allowed_directories = ['{_quote(str(store.data_path))}/']")
             con.execute("SET enable_external_access = false")
