@@ -50,19 +50,29 @@ from prmloop.store.lake_catalog import (
     pgserver_folders,
 )
 
-__all__ = [
+__all__ = [  # with what store/lake_catalog.py defines, re-exported: importers of this module need it
     "ALIAS",
+    "CONFLICT_COLUMNS_SQL",
+    "EVENT_COLUMNS_SQL",
     "LAKE_PREFIX",
+    "METADATA_CATALOG",
+    "SCHEMA_SQL",
+    "STALE_CONFLICTS_WHERE",
     "LakeError",
     "LakeEventStore",
     "LakeStore",
     "ReaderRoleError",
     "compact",
+    "drop_stale_conflicts",
     "ensure_schema",
+    "extension_file",
+    "fact_sql",
+    "is_conflict",
     "is_lake_spec",
     "local_postgres",
     "open_lake",
     "parse_lake",
+    "retrying",
 ]
 
 ALIAS = "lake"

@@ -31,7 +31,7 @@ from prmloop.store.duck import (
     open_writer,
     query,
 )
-from prmloop.store.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, open_lake
+from prmloop.store.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, extension_file, open_lake
 from prmloop.store.lake_catalog import READER_ROLE, reader_conninfo, release_local_postgres
 
 N_EVENTS = 60
@@ -156,6 +156,19 @@ def test_after_every_refusal_the_store_and_the_sink_are_intact(stores: Stores) -
             with pytest.raises(ReadOnlyViolation):
                 query(stores.at(kind), sql, sandboxed=True)
         _intact(stores, kind)
+
+
+def test_every_function_of_the_postgresql_scanner_is_refused() -> None:
+    """Whatever the scanner's version adds: the functions a connection has only after loading it."""
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    listing = "SELECT DISTINCT function_name FROM duckdb_functions()"
+    with duckdb.connect(config=config) as bare, duckdb.connect(config=config) as loaded:
+        loaded.execute(f"LOAD '{extension_file('duckdb_extension_postgres_scanner', 'postgres_scanner')}'")
+        added = {r[0] for r in loaded.execute(listing).fetchall()} - {r[0] for r in bare.execute(listing).fetchall()}
+    assert {"postgres_query", "postgres_scan", "postgres_execute"} <= added
+    for name in sorted(added):
+        with pytest.raises(ReadOnlyViolation, match=name):
+            check_read_only(f"SELECT * FROM {name}('x')")
 
 
 @pytest.mark.parametrize("kind", STORES)
