@@ -61,8 +61,10 @@ class StateSettings(BaseSettings):
 
     home: Path = Field(default=Path.home() / ".prmloop", description="PRMLOOP_HOME")
     #: ``PRMLOOP_STORE``: unset (the DuckDB file in home), a DuckDB file's path, or a DuckLake:
-    #: ``ducklake:pgserver:<dir>`` (a local PostgreSQL catalog) or ``ducklake:postgres:<conninfo>``,
-    #: optionally followed by ``#data=<dir>`` (default ``$PRMLOOP_HOME/lake/data``).
+    #: ``ducklake:pgserver:<dir>`` (a local PostgreSQL catalog in ``<dir>/catalog``, data in
+    #: ``<dir>/data``) or ``ducklake:postgres:<conninfo>`` (optionally ``#reader=<libpq keywords>``:
+    #: how readers connect), optionally followed by ``#data=<dir>`` (default for a PostgreSQL server:
+    #: ``$PRMLOOP_HOME/lake/data``).
     store: str | None = Field(default=None, description="PRMLOOP_STORE")
 
     @property

@@ -83,7 +83,7 @@ def sql(
     """Query the label history with SQL, also while the pipeline runs. Never modifies anything."""
     from prmloop.store.duck import query as run_query
 
-    result = run_query(db_path(db), query, timeout_s=timeout)
+    result = run_query(db_path(db), query, timeout_s=timeout, sandboxed=True)
     print_rows(result.columns, result.rows, fmt, err=err)
 
 
