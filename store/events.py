@@ -257,11 +257,11 @@ class SolutionSelected(Payload):
     reason: str = Field(description="the verdict in words: which step was least confident, and how")
     prm: ModelRef | None = Field(default=None, description="the ensemble PRM that decided; None: none promoted yet")
     rule: str = Field(default="actprm", description="actprm (both uncertainties), epistemic, aleatoric or none")
-    thresholds: dict[str, float] = Field(default_factory=dict, description="delta, std_max, tau")
-    score: float | None = Field(default=None, description="largest relative uncertainty of a checked step")
-    checked_steps: int = Field(default=0, ge=0, description="steps checked: through the first predicted error")
-    step_mean: tuple[float, ...] = Field(default=(), description="per step: the heads' mean P(correct)")
-    step_std: tuple[float, ...] = Field(default=(), description="per step: the heads' standard deviation")
+    thresholds: dict[str, Real] = Field(default_factory=dict, description="delta, std_max, tau")
+    score: Real | None = Field(default=None, description="largest relative uncertainty of a checked step")
+    checked_steps: Count32 = Field(default=0, description="steps checked: through the first predicted error")
+    step_mean: tuple[Real, ...] = Field(default=(), description="per step: the heads' mean P(correct)")
+    step_std: tuple[Real, ...] = Field(default=(), description="per step: the heads' standard deviation")
     scored: StepsScored
 
 

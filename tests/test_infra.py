@@ -49,7 +49,18 @@ def _settings_env_names() -> set[str]:
 
 def test_compose_has_the_services_a_cluster_needs() -> None:
     services = _compose()["services"]
-    for name in ("kafka", "postgres", "prefect-server", "vllm-0", "scorer", "selector", "annotator", "judge", "consensus", "sink"):
+    for name in (
+        "kafka",
+        "postgres",
+        "prefect-server",
+        "vllm-0",
+        "scorer",
+        "selector",
+        "annotator",
+        "judge",
+        "consensus",
+        "sink",
+    ):
         assert name in services, name
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     assert "postgresql+asyncpg://" in services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]

@@ -58,6 +58,9 @@ class ActiveSettings:
     seeds: int = 3
     ensemble: EnsembleConfig = field(default_factory=lambda: EnsembleConfig(threads=1))
     thresholds: Thresholds = field(default_factory=Thresholds)
+    #: How an uncertainty arm orders the unlabelled pool: ``rank`` (most uncertain first) or ``filter``
+    #: (ActPRM's Algorithm 1: the pool streams by in a random order and the confident are passed over).
+    order: str = "rank"
     spec: FeatureSpec = field(default_factory=FeatureSpec)
     arith_questions: int = 100
     mc_limit: int = 240
@@ -154,8 +157,12 @@ def _curve(
                 tau = min(0.99, max(0.01, prm.threshold))
                 rule = Thresholds(**{**settings.thresholds.__dict__, "rule": arm, "tau": tau})
                 stats = prm.ensemble.stats([features[pool[i].key] for i in rest])
-                ranked = rank_uncertain([decide(s, rule) for s in stats])
-                rest = [rest[r] for r in ranked]
+                decisions = [decide(s, rule) for s in stats]
+                if settings.order == "filter":
+                    arrival = {i: rng.random() for i in rest}
+                    rest = sorted(rest, key=lambda i: (not decisions[rest.index(i)].label, arrival[i]))
+                else:
+                    rest = [rest[r] for r in rank_uncertain(decisions)]
             more, spent = _take(rest, pool, budget, spent)
             labelled.extend(more)
             prm = _train([pool[i] for i in labelled], features, config)
