@@ -287,6 +287,7 @@ def run_active(
         "arms": arms,
         "train_speed": train_speed,
         "thresholds": settings.thresholds.__dict__,
+        "order": settings.order,
         "ensemble": settings.ensemble.model_dump(mode="json"),
     }
     if "actprm" in arms and "random" in arms and "full" in arms:

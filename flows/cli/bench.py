@@ -152,6 +152,13 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 100,
     mc_limit: Annotated[int, typer.Option(help="arith-mc: solutions labelled by MC rollouts (once, cached)")] = 240,
     label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
+    order: Annotated[
+        str,
+        typer.Option(
+            help="uncertainty arms: rank (most uncertain first) or filter (ActPRM Alg. 1: random order, "
+            "confident ones passed over)"
+        ),
+    ] = "rank",
     out: Annotated[Path, typer.Option(help="folder for the PNG of the learning curves")] = Path("out/bench-active"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads for the backbone and the sampler")] = None,
 ) -> None:
@@ -169,6 +176,8 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.store.settings import StateSettings
 
+    if order not in ("rank", "filter"):
+        raise typer.BadParameter(f"--order {order!r}: choose rank or filter")
     names = list(POOLS) if pool == "all" else [pool]
     if any(name not in POOLS for name in names):
         raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
@@ -191,6 +200,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             arith_questions=arith_questions,
             mc_limit=mc_limit,
             threads=threads,
+            order=order,
         )
         try:
             results[name] = run_active(settings, root=root, out_dir=out, say=say)
