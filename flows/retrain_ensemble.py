@@ -25,7 +25,7 @@ from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import train_ensemble_prm
 from prmloop.models.prm.features import FeatureSpec
 from prmloop.store.events import Envelope, ModelRef
-from prmloop.store.registry import current_model, model_registered, should_promote
+from prmloop.store.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
 from prmloop.store.settings import StateSettings
 
 __all__ = ["ENSEMBLE_METRIC", "EVAL_SEED", "eval_items", "train_register_ensemble"]
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 #: The curriculum seed of the ``arith`` held-out set: the loop's own questions use seed 0 by default.
 EVAL_SEED = 1000
 #: The promotion metric of ensemble PRMs.
-ENSEMBLE_METRIC = "heldout_f1"
+ENSEMBLE_METRIC = PROMOTION_METRIC["prm_ensemble"]
 
 
 def eval_items(eval_set: str, *, limit: int, threads: int | None = None, say: Any = log.info) -> list[PoolItem]:

@@ -36,7 +36,7 @@ SELECT m.model_id,
        m.registered_at,
        m.train_examples,
        TRY_CAST(m.metrics->>'heldout_f1' AS DOUBLE) AS heldout_f1,
-       coalesce(TRY_CAST(e.payload->'parameters'->>'promoted' AS BOOLEAN), false) AS promoted,
+       m.promoted,
        (SELECT coalesce(sum(completion_tokens), 0) FROM solutions s WHERE s.sampled_at <= m.registered_at)
          + (SELECT coalesce(sum(generated_tokens), 0) FROM cost_ledger c WHERE c.occurred_at <= m.registered_at)
          AS generated_tokens,
@@ -44,10 +44,12 @@ SELECT m.model_id,
          AS accepted_labels,
        (SELECT count(*) FROM selections x WHERE x.decision = 'skip' AND x.occurred_at <= m.registered_at)
          AS skipped
-FROM model_versions m JOIN events e ON e.event_id = m.event_id
+FROM model_versions m
 WHERE m.kind = 'prm_ensemble'
 ORDER BY m.registered_at
 """
+
+_MODEL_FIELDS = ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")
 
 
 def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
@@ -57,8 +59,8 @@ def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
 def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
     tokens per accepted label (annotation plus judging, sampling excluded), the learning curve (each
-    ensemble PRM's held-out F1 next to the labels and tokens spent by then), the current PRM and the
-    latest calibration."""
+    ensemble PRM's held-out F1 next to the labels and tokens spent by then), the PRM and the ensemble
+    PRM in force (the newest promoted of each kind) and the latest calibration."""
     with open_reader(db, timeout_s=timeout_s) as (con, _):
         per_hour = [
             {"hour": str(h), "solutions": s, "labels": lab, "judged": j, "accepted": a, "rejected": r, "events": e}
@@ -69,11 +71,10 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             source: {"tokens": int(t), "rollouts": int(r), "events": int(n)} for source, t, r, n in _rows(con, _COST)
         }
         sampled = _rows(con, "SELECT coalesce(sum(completion_tokens), 0), count(*) FROM solutions")[0]
-        prm = _rows(
-            con,
-            "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
-            "WHERE kind = 'prm' ORDER BY registered_at DESC LIMIT 1",
-        )
+        # The PRMs in force (newest promoted of each kind), not merely the newest registered.
+        in_force = "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
+        prm = _rows(con, in_force + "WHERE kind = 'prm' AND in_force")
+        ensemble = _rows(con, in_force + "WHERE kind = 'prm_ensemble' AND in_force")
         learning = [
             {
                 "round": i,
@@ -106,7 +107,8 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
         "tokens_per_accepted_label": label_tokens / accepted if accepted else None,
         "cost_by_source": cost,
         "learning": learning,
-        "current_prm": _record(prm, ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")),
+        "current_prm": _record(prm, _MODEL_FIELDS),
+        "current_prm_ensemble": _record(ensemble, _MODEL_FIELDS),
         "calibration": _record(calibration, ("calibration_id", "prm", "score_rule", "method", "metrics", "fitted_at")),
     }
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, db_path, err
+from prmloop.flows.cli.app import DbOption, app, db_path, err, usage_error
 
 deployments_app = typer.Typer(help="The loop's Prefect deployments on this machine.", no_args_is_help=True)
 app.add_typer(deployments_app, name="deployments")
@@ -74,13 +74,19 @@ def screenshots(
     url: Annotated[str | None, typer.Option(help="the Prefect UI (default: the server `prmloop up` started)")] = None,
     wait: Annotated[float, typer.Option(help="seconds each page gets to load its data")] = 20.0,
 ) -> None:
-    """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium."""
-    from prmloop.flows.screenshots import take_screenshots
+    """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium
+    (Debian's `chromium` package: `apt-get install chromium`)."""
+    from prmloop.flows.screenshots import find_chromium, take_screenshots
     from prmloop.flows.stack import prefect_api_url
 
+    # Chromium first: it is installed once, while a server is started every session.
+    try:
+        find_chromium()
+    except FileNotFoundError as exc:
+        usage_error(str(exc))
     target = url or prefect_api_url()
     if not target:
-        raise typer.BadParameter("no Prefect server found: start one with `prmloop up`, or give --url")
+        usage_error("no Prefect server found: start one with `prmloop up`, or give --url")
     files = take_screenshots(target, out, wait_ms=int(wait * 1000))
     for name, path in files.items():
         _say(f"{name}: {path}")

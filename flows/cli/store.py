@@ -75,12 +75,16 @@ def sink(
 
 @app.command()
 def sql(
-    query: Annotated[str, typer.Argument(help="read-only SQL (SELECT/WITH/FROM/DESCRIBE/SHOW/SUMMARIZE)")],
+    query: Annotated[
+        str,
+        typer.Argument(help="read-only SQL: SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of them"),
+    ],
     db: DbOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="output format")] = OutputFormat.table,
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
-    """Query the label history with SQL, also while the pipeline runs. Never modifies anything."""
+    """Query the label history with SQL, also while the pipeline runs. Never modifies anything: only
+    SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused."""
     from prmloop.store.duck import query as run_query
 
     result = run_query(db_path(db), query, timeout_s=timeout, sandboxed=True)
