@@ -333,11 +333,8 @@ class Annotator:
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
-        self.stats.count(
-            "skipped_by_selection",
-            sum(isinstance(c.event.payload, SolutionSelected) for c in batch)
-            - len([c for c in todo if isinstance(c.event.payload, SolutionSelected)]),
-        )
+        skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
+        self.stats.count("skipped_by_selection", len(skipped))
         # Most uncertain first (the selector's score): with a partial budget the best are labelled.
         todo.sort(key=lambda c: -_selection_score(c.event.payload))
         self.stats.started()
