@@ -6,8 +6,8 @@ once: **sample** from the prioritized queue, **score** the steps, **select** (th
 PRM decides which solutions are worth their labels; none promoted yet: all of them), **annotate**
 with MC rollouts, **judge** (the curriculum's exact step checker by default), **consensus**, and
 **retrain** the ensemble PRM on the accepted labels, scored on a held-out set of curriculum solutions
-with exact first errors (questions the loop never samples): the round's held-out F1 is the loop's
-learning curve.
+with known first errors (reference solutions of questions the loop never samples, and copies with one
+result changed): the round's held-out F1 is the loop's learning curve.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ TOKENS_PER_SOLUTION = 70
 TOKENS_PER_LABEL = 500
 #: The tokens of the smallest round: one question of ``k = 4`` solutions at 40 % of the round's tokens.
 MIN_ROUND_TOKENS = 4 * TOKENS_PER_SOLUTION / 0.4
+#: The held-out set of every round's PRM (free to make; sampling the model's own would cost minutes).
+EVAL_SET = "arith-reference"
 
 
 @dataclass(frozen=True)
@@ -116,23 +118,18 @@ class Stages:
     report: Report
     stored: Callable[[], int]
     left: Callable[[], float]
-    eval_questions: int = 6
+    eval_questions: int = 12
 
     def heldout(self) -> int:
-        """The held-out set, sampled once and cached (questions of another seed than the loop's)."""
+        """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
         from prmloop.flows.retrain_ensemble import EVAL_SEED, eval_items
 
-        items = eval_items(
-            "arith",
-            limit=self.eval_questions,
-            threads=self.settings.threads,
-            say=lambda line: self.report("held-out", line),
-        )
+        items = eval_items(EVAL_SET, limit=self.eval_questions)
         errors = sum(i.first_error >= 0 for i in items)
         self.report(
             "held-out",
-            f"{len(items)} curriculum solutions of the embedded model with exact first errors ({errors} wrong, "
-            f"{len(items) - errors} right; levels 1-2, seed {EVAL_SEED}: questions the loop never samples)",
+            f"{len(items)} curriculum solutions with known first errors ({len(items) - errors} reference solutions, "
+            f"{errors} with one result changed; levels 1-3, seed {EVAL_SEED}: questions the loop never samples)",
         )
         return len(items)
 
@@ -268,7 +265,7 @@ class Stages:
             db=str(self.db),
             kind="accepted",
             prm_kind="ensemble",
-            eval_set="arith",
+            eval_set=EVAL_SET,
             eval_limit=self.eval_questions,
             out_dir=str(self.home / "prm"),
             min_examples=1,

@@ -252,7 +252,11 @@ def retrain(
         str, typer.Option(help="ensemble (heads on cached features, seconds; every round) or lora (the final PRM)")
     ] = "ensemble",
     eval_set: Annotated[
-        str, typer.Option(help="ensemble: held-out set, processbench or arith (curriculum, exact first errors)")
+        str,
+        typer.Option(
+            help="ensemble: held-out set, processbench, arith (the model's curriculum solutions, exact first "
+            "errors) or arith-reference (reference solutions and corrupted copies: no sampling)"
+        ),
     ] = "processbench",
 ) -> None:
     """Snapshot, train, evaluate and register a PRM (promoted only if its held-out F1 is not worse).
@@ -265,7 +269,7 @@ def retrain(
     for option, value, choices in (
         ("--kind", kind, ("accepted", "mc")),
         ("--prm-kind", prm_kind, ("ensemble", "lora")),
-        ("--eval-set", eval_set, ("processbench", "arith")),
+        ("--eval-set", eval_set, ("processbench", "arith", "arith-reference")),
     ):
         if value not in choices:
             usage_error(f"{option} {value!r}: choose one of {', '.join(choices)}")
