@@ -182,7 +182,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     if any(name not in POOLS for name in names):
         raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
     arm_names = tuple(a.strip() for a in arms.split(",") if a.strip())
-    ensemble = EnsembleConfig(threads=1, heads=16, epochs=150) if quick else EnsembleConfig(threads=1)
+    ensemble = EnsembleConfig(threads=1, heads=16) if quick else EnsembleConfig(threads=1)
     budgets = (0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
     root = StateSettings().home / "bench" / "active"
 
