@@ -62,8 +62,8 @@ class ActiveSettings:
     #: (ActPRM's Algorithm 1: the pool streams by in a random order and the confident are passed over).
     order: str = "rank"
     spec: FeatureSpec = field(default_factory=FeatureSpec)
-    arith_questions: int = 100
-    mc_limit: int = 240
+    arith_questions: int = 60
+    mc_limit: int = 160
     threads: int | None = None
 
 
