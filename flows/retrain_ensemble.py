@@ -74,7 +74,7 @@ def eval_items(eval_set: str, *, limit: int, threads: int | None = None, say: An
 def _reference_items(per_level: int) -> list[PoolItem]:
     import random
 
-    from prmloop.models.arith import generate_question
+    from prmloop.models.arith import arith_question_id, generate_question
     from prmloop.models.arith.corrupt import corrupted_solution
 
     rng = random.Random(EVAL_SEED)
@@ -82,13 +82,14 @@ def _reference_items(per_level: int) -> list[PoolItem]:
     for level in (1, 2, 3):
         for index in range(per_level):
             question = generate_question(level, EVAL_SEED, index)
+            question_id = arith_question_id(level, EVAL_SEED, index)
             corrupted = corrupted_solution(question, rng)
             versions = [(list(question.reference_steps), -1)] + ([corrupted] if corrupted else [])
             for tag, (steps, first_error) in zip(("right", "wrong"), versions, strict=False):
                 items.append(
                     PoolItem(
-                        key=f"{question.id}/{tag}",
-                        question=question.id,
+                        key=f"{question_id}/{tag}",
+                        question=question_id,
                         subset=f"L{level}",
                         problem=question.problem,
                         steps=tuple(steps),

@@ -296,9 +296,7 @@ def _gold(item: PoolItem) -> str:
     from prmloop.models.arith import generate_question
 
     _, level, seed, index = item.question.split("/")
-    gold = generate_question(int(level.removeprefix("L")), int(seed), int(index)).gold_answer
-    assert gold is not None
-    return gold
+    return str(generate_question(int(level.removeprefix("L")), int(seed), int(index)).answer)
 
 
 def build_pool(

@@ -116,3 +116,24 @@ def test_without_a_model_every_held_out_solution_counts_as_no_error() -> None:
     items = [_item("a", -1), _item("b", 1)]
     # "no error" for both: right on the correct one, wrong on the erroneous one -> F1 = 0
     assert held_out_f1(None, items, {}) == 0.0
+
+
+def test_the_reference_held_out_set_pairs_each_question_with_a_corrupted_copy() -> None:
+    from prmloop.flows.retrain_ensemble import EVAL_SEED, eval_items
+
+    items = eval_items("arith-reference", limit=5)
+    right = [i for i in items if i.first_error < 0]
+    wrong = [i for i in items if i.first_error >= 0]
+    assert len(right) == 15 and 12 <= len(wrong) <= 15  # 5 questions x 3 levels; a copy where one can be made
+    assert all(i.question.startswith("arith/L") and f"/{EVAL_SEED}/" in i.question for i in items)
+    assert len({i.key for i in items}) == len(items)
+    assert {i.question for i in wrong} <= {i.question for i in right}
+
+
+def test_an_mc_label_is_checked_against_the_questions_own_answer() -> None:
+    from prmloop.flows.bench.active_pools import _gold
+    from prmloop.models.arith import arith_question_id, generate_question
+
+    item = _item("x", 0)
+    item = PoolItem(**{**item.__dict__, "question": arith_question_id(2, 0, 7)})
+    assert _gold(item) == str(generate_question(2, 0, 7).answer)
