@@ -45,21 +45,24 @@ class PostgresError(RuntimeError):
 
 
 def postgres_bin_dir() -> Path:
-    """Where ``initdb``, ``postgres`` and ``psql`` are: the pgserver wheel's, Debian's, or PATH's."""
+    """Where ``initdb``, ``postgres`` and ``psql`` are: Debian's ``postgresql`` package first (it has the
+    contrib extensions: the Prefect server needs ``pg_trgm``, which the pgserver wheel lacks), then the
+    pgserver wheel's, then PATH's."""
+    for folder_name in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
+        if (Path(folder_name) / "postgres").is_file():
+            return Path(folder_name)
     with contextlib.suppress(ImportError):
         import pgserver
 
         folder = Path(pgserver.__file__).parent / "pginstall" / "bin"
         if (folder / "postgres").is_file():
             return folder
-    for folder_name in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True):
-        if (Path(folder_name) / "postgres").is_file():
-            return Path(folder_name)
     found = shutil.which("postgres")
     if found:
         return Path(found).parent
     raise PostgresError(
-        "no PostgreSQL binaries found: `pip install pgserver` (they come in its wheel) or `apt-get install postgresql`"
+        "no PostgreSQL binaries found: `apt-get install postgresql` (or `pip install pgserver`, whose "
+        "binaries lack the pg_trgm extension the Prefect server needs)"
     )
 
 
