@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.stack import ServiceState, _http_ok
+from prmloop.flows.stack import ServiceState
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.broker import free_port, port_open
 from prmloop.store.settings import StateSettings
@@ -110,6 +110,16 @@ def _wait(ready: Callable[[], bool], timeout_s: float, what: str, record: Servic
             raise RuntimeError(f"{what} exited at start (code {process.returncode}); see {record.log}")
         time.sleep(0.3)
     raise TimeoutError(f"{what} did not come up within {timeout_s:.0f} s; see {record.log}")
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _cli(*args: str) -> list[str]:
