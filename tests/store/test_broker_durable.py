@@ -73,6 +73,7 @@ def test_a_sigkilled_broker_restarted_on_its_storage_loses_nothing(storage: str)
     assert sorted(first + rest) == sorted(everything)  # the committed offsets survived: nothing twice
 
 
+@pytest.mark.slow
 def test_two_brokers_on_one_storage_lose_nothing_when_one_is_killed_mid_stream(storage: str) -> None:
     events = synthetic_events(1200, seed=12)
     with EmbeddedBroker(storage=storage) as a, EmbeddedBroker(storage=storage) as b:
