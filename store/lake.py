@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -206,15 +206,26 @@ def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool
     store.data_path.mkdir(parents=True, exist_ok=True)
     options = f"DATA_PATH '{_quote(str(store.data_path))}'" + (", READ_ONLY" if read_only else "")
     target = _quote(f"ducklake:postgres:{conninfo(store, reader=read_only)}")
-    try:
-        con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
-    except duckdb.Error as exc:
-        if read_only and "does not exist" in str(exc):
-            raise FileNotFoundError(
-                f"no prmloop store in {store} yet: start `prmloop sink` with the same PRMLOOP_STORE (it creates it)"
-            ) from exc
-        raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
+    for attempt in range(5):
+        try:
+            con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
+            break
+        except duckdb.Error as exc:
+            # Two sinks starting at once both create the catalog's tables; the loser sees PostgreSQL's
+            # duplicate-key error, and finds the winner's catalog when it attaches again.
+            if "duplicate key value" in str(exc) and attempt < 4:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            _attach_failed(exc, store, read_only=read_only)
     con.execute(f"USE {ALIAS}")
+
+
+def _attach_failed(exc: duckdb.Error, store: LakeStore, *, read_only: bool) -> NoReturn:
+    if read_only and "does not exist" in str(exc):
+        raise FileNotFoundError(
+            f"no prmloop store in {store} yet: start `prmloop sink` with the same PRMLOOP_STORE (it creates it)"
+        ) from exc
+    raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
 
 
 def _quote(text: str) -> str:

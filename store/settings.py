@@ -66,6 +66,9 @@ class StateSettings(BaseSettings):
     #: how readers connect), optionally followed by ``#data=<dir>`` (default for a PostgreSQL server:
     #: ``$PRMLOOP_HOME/lake/data``).
     store: str | None = Field(default=None, description="PRMLOOP_STORE")
+    #: ``PRMLOOP_BROKER_STORAGE``: where ``prmloop broker`` keeps topics: ``memory``, ``postgres`` (a
+    #: PostgreSQL of its own) or a ``postgresql://`` URL (see :func:`prmloop.store.postgres.resolve_storage`).
+    broker_storage: str = Field(default="memory", description="PRMLOOP_BROKER_STORAGE")
 
     @property
     def db_path(self) -> Path:

@@ -210,3 +210,17 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             raise typer.BadParameter(str(exc)) from exc
     line = results[names[0]] if len(names) == 1 and "label_quality" not in results else results
     typer.echo(json.dumps({"bench": "active", "quick": quick, **line} if isinstance(line, dict) else line))
+
+
+@bench_app.command("broker")
+def bench_broker_cmd(
+    n: Annotated[int, typer.Option(help="events produced and consumed per storage")] = 20_000,
+    batch: Annotated[int, typer.Option(help="events per publish call (each waits for the broker's acks)")] = 500,
+    dsn: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL for the durable broker (default: a throw-away pgserver one)")
+    ] = None,
+) -> None:
+    """Produce and consume rates of the embedded broker in memory and on PostgreSQL: one JSON line."""
+    from prmloop.flows.bench.broker import bench_broker_storage
+
+    typer.echo(json.dumps(bench_broker_storage(n, batch=batch, dsn=dsn)))

@@ -28,6 +28,17 @@ def up(
         ),
     ] = None,
     without: Annotated[list[str] | None, typer.Option("--without", help="start all but these (repeatable)")] = None,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="the compose file's topology as native processes: PostgreSQL, two brokers on it, Prefect server, "
+            "work pools and workers, two of each service (see infra/OPERATIONS.md)",
+        ),
+    ] = False,
+    engine: Annotated[
+        str, typer.Option(help="--cluster: the engine in place of the vLLM servers: simulator or model")
+    ] = "simulator",
 ) -> None:
     """Start everything one machine needs in the background: the embedded broker, the sink, the scorer,
     annotator, judge and consensus services, a Prefect server with its UI, and the served deployments.
@@ -35,6 +46,13 @@ def up(
     State and logs go under $PRMLOOP_HOME (run/, logs/); a second `up` says what is already running.
     `prmloop down` stops it all.
     """
+    if cluster:
+        from prmloop.flows.cluster import cluster_up
+
+        if engine not in ("simulator", "model"):
+            raise typer.BadParameter(f"{engine!r}: write simulator or model", param_hint="--engine")
+        typer.echo(json.dumps(cluster_up(engine=engine, say=_say)))
+        return
     from prmloop.flows.stack import SERVICES
     from prmloop.flows.stack import up as start
 
@@ -49,9 +67,16 @@ def up(
 @app.command()
 def down(
     grace: Annotated[float, typer.Option(help="seconds each service gets to stop before it is killed")] = 20.0,
+    cluster: Annotated[bool, typer.Option("--cluster", help="stop what `prmloop up --cluster` started")] = False,
 ) -> None:
     """Stop everything `prmloop up` started, in reverse order."""
     from prmloop.flows.stack import down as stop
+
+    if cluster:
+        from prmloop.flows.cluster import cluster_down
+
+        typer.echo(json.dumps({"stopped": cluster_down(grace_s=grace, say=_say)}))
+        return
 
     typer.echo(json.dumps({"stopped": stop(grace_s=grace, say=_say)}))
 
