@@ -1,8 +1,9 @@
 """``prmloop demo``: the loop, round after round, on the embedded defaults, within a time budget.
 
-It registers and **prioritizes** arithmetic-curriculum questions, samples a held-out set once (questions
-the loop never samples, exact first errors), then runs rounds of the loop (:mod:`prmloop.flows.demo_stages`:
-sample, score, select, annotate, judge, consensus, retrain the ensemble PRM) and reports each round's
+It makes a held-out set (reference solutions of curriculum questions the loop never samples, and copies
+with one result changed: known first errors), then runs rounds of the loop (:mod:`prmloop.flows.demo_stages`:
+prioritize new questions, sample the top of the queue, score, select, annotate, judge, consensus, retrain
+the ensemble PRM) and reports each round's
 held-out F1 next to the labels and tokens spent: the loop's learning curve. Then it **calibrates** the
 aggregation and publishes the monitor's artifacts (``loop-learning`` among them).
 
@@ -294,13 +295,9 @@ def _run_rounds(
         )
         out["cut"].append("every round")
         return out
-    questions = first.questions * s.rounds + 2
     term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
     stages.heldout()
-    tick = time.monotonic()
-    probed = stages.prioritize(questions)
-    # Prioritizing is sampling like a round's: its speed is the first measurement of the real work.
-    measured_tokens, measured_s = float(probed["probe_tokens"]), time.monotonic() - tick
+    measured_tokens, measured_s = 0.0, 0.0
     for index in range(s.rounds):
         rate = (measured_tokens / measured_s) if measured_s > 20 else speed
         plan = plan_round(rate, left(), s.rounds - index)
