@@ -298,9 +298,18 @@ def _run_rounds(
     term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
     stages.heldout()
     measured_tokens, measured_s = 0.0, 0.0
+    last = False
     for index in range(s.rounds):
         rate = (measured_tokens / measured_s) if measured_s > 20 else speed
         plan = plan_round(rate, left(), s.rounds - index)
+        if plan is None and index + 1 < s.rounds:
+            # Fewer rounds then: this one gets all the time left, the later ones are cut.
+            plan = plan_round(rate, left(), 1)
+            if plan is not None:
+                what = f"rounds {index + 2}-{s.rounds}" if index + 2 < s.rounds else f"round {index + 2}"
+                term.stage("budget", f"cut {what} ({left():.0f}s left at {rate:.0f} tokens/s): this round is the last")
+                out["cut"].append(what)
+                last = True
         if plan is None:
             what = f"rounds {index + 1}-{s.rounds}" if index + 1 < s.rounds else f"round {index + 1}"
             term.stage("budget", f"cut {what}: {left():.0f}s left at {rate:.0f} tokens/s")
@@ -313,6 +322,8 @@ def _run_rounds(
         measured_s += result["generation_s"]
         if result["cut"]:
             out["cut"].append(f"round {index + 1}'s annotation")
+        if last:
+            break
     if left() > 40:
         stages.calibrate()
     else:

@@ -122,7 +122,7 @@ class Stages:
     report: Report
     stored: Callable[[], int]
     left: Callable[[], float]
-    eval_questions: int = 12
+    eval_questions: int = 8
 
     def heldout(self) -> int:
         """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
