@@ -316,7 +316,7 @@ def _run_rounds(
             out["cut"].append(what)
             break
         term.stage(f"round {index + 1}/{s.rounds}", f"plan at {rate:.0f} tokens/s: {plan.describe()}")
-        result = stages.round(index, s.rounds, plan)
+        result = stages.round(index, index + 1 if last else s.rounds, plan)
         out["rounds"].append(result)
         measured_tokens += result["generated_tokens"]
         measured_s += result["generation_s"]
