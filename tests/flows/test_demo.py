@@ -62,7 +62,7 @@ def test_the_learning_curve_lists_each_rounds_ensemble_with_what_was_spent(tmp_p
     home.mkdir()
     store = _store_with_a_learning_curve(home, tmp_path)
     learning = loop_metrics(store.location)["learning"]
-    assert [r["round"] for r in learning] == [0, 1]
+    assert [r["round"] for r in learning] == [1, 2]
     assert [r["train_solutions"] for r in learning] == [3, 5]
     assert [round(r["heldout_f1"], 3) for r in learning] == [0.2, 0.3]
     assert all(r["promoted"] for r in learning)
