@@ -42,6 +42,8 @@ def up(
 ) -> None:
     """Start everything one machine needs in the background: the embedded broker, the sink, the scorer,
     annotator, judge and consensus services, a Prefect server with its UI, and the served deployments.
+    With --engine vllm, first the machine's vLLM engine (`prmloop engine`), which the sampler, scorer,
+    annotator, judge and prioritize then use; a running engine is used by whatever `up` starts.
 
     State and logs go under $PRMLOOP_HOME (run/, logs/); a second `up` says what is already running.
     `prmloop down` stops it all.

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+from prmloop.models.backends.stopping import cut_at_answer
 
 __all__ = ["OpenAICompatibleBackend", "OpenAIServerError", "TokenizedOpenAIBackend", "load_tokenizer"]
 
@@ -147,7 +148,7 @@ class OpenAICompatibleBackend:
             stop_reason = choice.get("stop_reason")
             text = choice["text"]
             if params is not None and params.stop_at_answer:
-                text, token_ids, logprobs, cut = _cut_at_answer(
+                text, token_ids, logprobs, cut = cut_at_answer(
                     text, token_ids, logprobs, functools.partial(self._tokens_before, list(token_ids))
                 )
                 if cut:
@@ -299,17 +300,3 @@ def load_tokenizer(name: str) -> Any:
 
 def _finish(value: str) -> FinishReason:
     return "stop" if value == "stop" else "length"
-
-
-def _cut_at_answer(
-    text: str, token_ids: list[int], logprobs: list[float], tokens_before: Callable[[int], int]
-) -> tuple[str, list[int], list[float], bool]:
-    """A server generates past the answer; keep the text up to it and the tokens that start before its
-    end (``tokens_before(end)`` counts them), so perplexities weigh the same tokens as a local engine's."""
-    from prmloop.models.answers import answer_end
-
-    end = answer_end(text)
-    if end is None or not token_ids:
-        return text, token_ids, logprobs, False
-    keep = tokens_before(end)
-    return text[:end], token_ids[:keep], logprobs[:keep], True

@@ -196,11 +196,11 @@ class VLLMBackend:
     def _cut_at_answer(self, completion: Completion) -> Completion:
         """vLLM has no stop criterion for a stated answer: cut after it, keeping the tokens that start
         before its end (the same cut as the OpenAI-compatible client's)."""
-        from prmloop.models.backends.openai_backend import _cut_at_answer
+        from prmloop.models.backends.stopping import cut_at_answer
         from prmloop.models.steps import token_char_spans
 
         ids, logprobs = list(completion.token_ids), list(completion.logprobs)
-        text, ids, logprobs, cut = _cut_at_answer(
+        text, ids, logprobs, cut = cut_at_answer(
             completion.text,
             ids,
             logprobs,
