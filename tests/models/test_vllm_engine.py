@@ -168,6 +168,7 @@ def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSe
                 **served, dataset="arith", level=3, limit=3, k=4, m=1, n=3, max_new_tokens=96, prefect=False
             ),
             bootstrap_servers=servers,
+            prefect=False,
         )
         assert sampled["question_errors"] == [] and sampled["events_published"] > 0, sampled
         scored = run_scorer(ScorerSettings(until_idle=3), bootstrap_servers=servers, install_signal_handlers=False)
@@ -175,7 +176,7 @@ def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSe
         assert scored["dead_lettered"] == 0 and scored["teacher_forced"] == 0, scored
         scored_events = [e.payload for e in topic_reader(servers, [StepsScored.TOPIC])]
         incorrect = [p for p in scored_events if isinstance(p, StepsScored) and p.correct is False]
-        assert len(scored_events) == sampled["events_published"] and incorrect, scored_events
+        assert len(scored_events) == scored["scored_from_logprobs"] == sampled["selected"] > 0 and incorrect, scored
         annotated = run_annotator(
             AnnotatorSettings(
                 **served,
