@@ -37,6 +37,7 @@ __all__ = [
     "engine_command",
     "engine_environment",
     "engine_load",
+    "engine_unavailable",
     "service_environment",
     "vllm_python",
 ]
@@ -73,6 +74,23 @@ def vllm_python() -> Path:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate
     raise EngineError(f"no vLLM environment found (looked for {', '.join(map(str, candidates))}): {_INSTALL_HINT}")
+
+
+def engine_unavailable() -> str | None:
+    """Why this machine cannot run the engine (None: it can): no ``.venv-vllm``, or vLLM failed to
+    install there (``make vllm`` records why), or the embedded model is not converted yet."""
+    from prmloop.models.backends.hf_export import COMPLETE_MARKER, smollm2_folder
+
+    try:
+        python = vllm_python()
+    except EngineError as exc:
+        return str(exc)
+    failed = python.parent.parent / ".install-failed"
+    if failed.is_file():
+        return " ".join(failed.read_text().split())[:300]
+    if not (smollm2_folder() / COMPLETE_MARKER).is_file():
+        return f"the embedded model is not converted for vLLM ({smollm2_folder()}): {_INSTALL_HINT}"
+    return None
 
 
 def default_threads() -> int:
