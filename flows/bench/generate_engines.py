@@ -60,8 +60,12 @@ def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[s
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
-        tail = " ".join((result.stderr or result.stdout).split()[-40:])
-        raise RuntimeError(f"the in-process vLLM run failed (exit {result.returncode}): {tail}")
+        with tempfile.NamedTemporaryFile("w", prefix="prmloop-bench-vllm-", suffix=".log", delete=False) as log:
+            log.write(result.stdout + result.stderr)
+        errors = [line for line in result.stderr.splitlines() if "Error" in line]
+        raise RuntimeError(
+            f"the in-process vLLM run failed (exit {result.returncode}): {errors[:3]}; its output: {log.name}"
+        )
     parsed: dict[str, Any] = json.loads(lines[-1])
     return parsed
 
@@ -125,6 +129,7 @@ def bench_engines(
     say("transformers in process")
     backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads)
     result["transformers"] = run_workload(backend, workload)
+    say(json.dumps({"transformers": result["transformers"]}))
     del backend
     gc.collect()
     try:
@@ -140,6 +145,7 @@ def bench_engines(
         for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):
             say(f"vLLM in process, {key}")
             inprocess[key] = _inprocess_vllm(python, workload, caching, env)
+            say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
             say(f"vLLM server, {key}")
             with _server(python, model, caching, env) as (url, start_s):
                 client = TokenizedOpenAIBackend(
@@ -147,6 +153,7 @@ def bench_engines(
                 )
                 with client:
                     server[key] = {"start_s": round(start_s, 1), **run_workload(client, workload, sampling=caching)}
+            say(json.dumps({"vllm_server": {key: server[key]}}))
         result["vllm_inprocess"], result["vllm_server"] = inprocess, server
         tf = result["transformers"]
         result["vllm_to_transformers_ratio"] = _ratio(

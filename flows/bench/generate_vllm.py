@@ -2,11 +2,12 @@
 
 Two workloads, the same for transformers, vLLM in process and the vLLM server:
 
-- *sampling*: ``k`` solutions of each of ``n_prompts`` GSM8K-style questions (the sampler's call);
-- *rollouts*: Monte-Carlo rollouts from each successive prefix of one solution (EpicPRM's 2-shot prompt,
-  the question and its first ``t`` steps, ``t = 0..S-1``), ``n`` per prefix, one call per prefix, as
-  the annotator's binary search makes them: every call shares the prompt, and each prefix extends the
-  last, so a prefix cache serves most of each prefill.
+- *sampling*: ``k`` solutions of each of ``n_prompts`` questions of the arithmetic curriculum
+  (level 3, its 4-example plain prompt, about 330 tokens: what the loop runs on the embedded model);
+- *rollouts*: Monte-Carlo rollouts from each successive prefix of one solution (the prompt, then its
+  first ``t`` reference steps), ``n`` per prefix, one call per prefix, as the annotator's binary search
+  makes them: every call shares the prompt and each prefix extends the last, so a prefix cache serves
+  most of each prefill.
 
 This module imports only the standard library and ``prmloop.models`` at its top, so it also runs inside
 ``.venv-vllm`` (``python -m prmloop.flows.bench.generate_vllm '<json>'`` prints one JSON line), where
@@ -26,26 +27,8 @@ from prmloop.models.backends.base import Completion, Generator, SamplingParams
 
 __all__ = ["Workload", "run_workload"]
 
-QUESTIONS = [
-    "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four. "
-    "She sells the rest for $2 each. How much does she make every day?",
-    "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?",
-    "Josh buys a house for $80,000 and puts in $50,000 in repairs. This increased the value of the house "
-    "by 150%. How much profit did he make?",
-    "James runs 3 sprints 3 times a week. He runs 60 meters each sprint. How many total meters does he run a week?",
-    "Every day, Wendi feeds each of her 20 chickens three cups of feed. How many cups does she need a week?",
-    "Kylar wants to buy 16 glasses. One glass costs $5, but every second glass costs only 60% of the price. "
-    "How much does he pay?",
-    "Toulouse has twice as many sheep as Charleston. Charleston has 4 times as many sheep as Seattle. "
-    "Seattle has 20 sheep. How many sheep do they have together?",
-    "Carla is downloading a 200 GB file at 2 GB/minute. How many minutes does the download take?",
-]
-STEPS = [
-    "Janet's ducks lay 16 eggs and she eats 3, so 16 - 3 = 13 eggs are left.",
-    "She bakes muffins with 4 eggs, so 13 - 4 = 9 eggs are left to sell.",
-    "She sells each egg for $2, so she makes 9 * 2 = $18.",
-    "The answer is 18.",
-]
+ROLLOUT_STEPS = 4
+"""Prefixes of the rollout workload: the question alone, then its first 1..3 reference steps."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +44,16 @@ class Workload:
 
 
 def _prompts(engine: Any, workload: Workload) -> tuple[list[str], list[str]]:
-    from prmloop.models.prompts import continuation_prompt, render_for, solution_messages
+    """The arithmetic curriculum's prompts (level 3), as the loop runs the embedded model."""
+    from prmloop.models.arith import generate_questions, reference_solution
+    from prmloop.models.prompts import continuation_prompt, solution_prompt
 
-    questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(workload.n_prompts)]
-    sampling = [render_for(engine, solution_messages(q, "step_k")) for q in questions]
-    base = render_for(engine, solution_messages(QUESTIONS[0], "step_k"))
-    prefixes = [continuation_prompt(base, STEPS[:t], "step_k") for t in range(len(STEPS))]
+    questions = generate_questions(workload.n_prompts, 3, seed=workload.seed)
+    sampling = [solution_prompt(engine, q.problem, "step_k_arith") for q in questions]
+    first = questions[0]
+    steps = (reference_solution(first) * ROLLOUT_STEPS)[: ROLLOUT_STEPS - 1]
+    base = solution_prompt(engine, first.problem, "step_k_arith")
+    prefixes = [continuation_prompt(base, steps[:t], "step_k_arith") for t in range(ROLLOUT_STEPS)]
     return sampling, prefixes
 
 
