@@ -32,10 +32,11 @@ def up(
     engine: Annotated[
         str,
         typer.Option(
-            help="transformers: each service loads the model itself; vllm: start the machine's vLLM engine "
-            "(`make vllm`) and point the sampler, scorer, annotator, judge and prioritize at it",
+            help="vllm: start the machine's vLLM engine (`make vllm`) and point the sampler, scorer, annotator, "
+            "judge and prioritize at it; transformers: each service loads the model itself; auto: vllm where "
+            ".venv-vllm is ready and the whole stack starts (no --only), else transformers",
         ),
-    ] = "transformers",
+    ] = "auto",
     engine_threads: Annotated[
         int | None, typer.Option(min=1, help="vllm: the engine's OpenMP threads (default: the cores, at most 2)")
     ] = None,
@@ -51,9 +52,11 @@ def up(
     from prmloop.flows.stack import STACK_SERVICES
     from prmloop.flows.stack import up as start
 
-    if engine not in ("transformers", "vllm"):
-        raise typer.BadParameter(f"--engine must be transformers or vllm, got {engine!r}")
+    if engine not in ("auto", "transformers", "vllm"):
+        raise typer.BadParameter(f"--engine must be auto, transformers or vllm, got {engine!r}")
     services = [s for s in (only or STACK_SERVICES) if s not in set(without or ())]
+    if engine == "auto":
+        engine = _auto_engine(bool(only), "engine" in set(without or ()))
     if engine == "vllm" and "engine" not in services:
         services.insert(0, "engine")
     _engine_threads(engine_threads)
@@ -62,6 +65,20 @@ def up(
     if prefect:
         _say(f"Prefect UI: {prefect['url'].removesuffix('/api')}  (prmloop commands now report their flow runs there)")
     typer.echo(json.dumps(summary))
+
+
+def _auto_engine(only: bool, without_engine: bool) -> str:
+    """vllm where it can run (bench generate measured it faster than transformers here and on GPUs)."""
+    from prmloop.flows.engine import engine_unavailable
+
+    if only or without_engine:
+        return "transformers"
+    reason = engine_unavailable()
+    if reason is not None:
+        _say(f"engine: transformers in each service (vLLM engine unavailable: {reason})")
+        return "transformers"
+    _say("engine: the vLLM engine, shared by the services (--engine transformers: each loads its own model)")
+    return "vllm"
 
 
 def _engine_threads(threads: int | None) -> None:

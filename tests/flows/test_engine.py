@@ -86,3 +86,14 @@ def test_the_engines_load_is_read_from_its_metrics() -> None:
         "prefix_cache_hits": 640.0,
         "prefix_cache_queries": 1024.0,
     }
+
+
+def test_up_picks_the_engine_only_for_the_whole_stack_and_where_it_can_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows.cli.stack import _auto_engine
+
+    assert _auto_engine(only=True, without_engine=False) == "transformers"
+    assert _auto_engine(only=False, without_engine=True) == "transformers"
+    monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
+    assert _auto_engine(only=False, without_engine=False) == "transformers"
