@@ -1,26 +1,32 @@
-"""``prmloop demo``: the whole loop once, on the embedded defaults, within a time budget.
+"""``prmloop demo``: the loop, round after round, on the embedded defaults, within a time budget.
 
-Stages, each a real run of the production code on the embedded SmolLM2 (CPU): register and
-**prioritize** arithmetic-curriculum questions (a probe of a few samples each; the probes' graded
-solutions are kept), **sample** the highest-priority questions from the queue, **score** their steps,
-**annotate** incorrect ones with MC rollouts, **judge** them (by default the curriculum's exact step
-checker: SmolLM2 is no judge, see the README; ``--judge critic|stepwise`` runs the LLM judge), **filter**
-by consensus, **store** everything in DuckDB, **train** a PRM when the training code
-and enough labels exist, **calibrate** the aggregation on a shared Best-of-N pool, and **prioritize
-again**. A stage that is not available says so and the loop goes on.
+It makes a held-out set (reference solutions of curriculum questions the loop never samples, and copies
+with one result changed: known first errors), then runs rounds of the loop (:mod:`prmloop.flows.demo_stages`:
+prioritize new questions, sample the top of the queue, score, select, annotate, judge, consensus, retrain
+the ensemble PRM) and reports each round's
+held-out F1 next to the labels and tokens spent: the loop's learning curve. Then it **calibrates** the
+aggregation and publishes the monitor's artifacts (``loop-learning`` among them).
 
-Everything goes into a store of the demo's own (``$PRMLOOP_HOME/demo`` unless ``--home``): its DuckDB
-file, outboxes, consensus state and Prefect state, never the user's store. Sizes come from a speed probe
-(tokens per second of this machine) and the ``--minutes`` budget. Progress is printed as plain lines,
-so logs and CI show it too. Flow runs go to a Prefect server: the one ``prmloop up`` started, or one the
-demo starts in its home and leaves running for the UI (``prmloop down`` stops it). Ctrl-C or SIGTERM
-stops everything the demo started.
+Where things go. The demo uses the default state folder (``$PRMLOOP_HOME``, ``~/.prmloop``): its DuckDB
+store, outboxes, consensus state, PRMs, caches and Prefect state, so that ``prmloop status``, ``prmloop
+sql``, ``prmloop models list`` and ``prmloop down`` find them afterwards. It writes nothing into the
+working directory. The terminal shows one line per stage and a summary; everything else (Prefect's
+logs, library warnings) goes to ``$PRMLOOP_HOME/logs/demo.log``, which also has the stage lines.
+
+The budget. Sizes come from a speed probe and are planned again before every round from the speed
+measured so far; a round that no longer fits is cut (said so), and the annotator stops where the
+round's time ends. Ctrl-C or SIGTERM stops everything the demo started.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
+import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,21 +34,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import IO, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from prmloop.flows.demo_stages import (
+    FINAL_RESERVE_S,
+    MIN_ROUND_TOKENS,
+    ROUND_OVERHEAD_S,
+    DemoSettings,
+    Stages,
+    plan_round,
+    wait_stored,
+)
 from prmloop.store.settings import KafkaSettings, StateSettings
 
-__all__ = ["DEMO_QUERIES", "DemoPlan", "DemoSettings", "plan_sizes", "run_demo"]
+__all__ = ["DEMO_QUERIES", "command_prefix", "next_commands", "run_demo"]
 
-#: Three queries the demo ends with (and runs), for the user to try with ``prmloop sql``.
+#: Queries the demo ends with (and runs), for the user to try with ``prmloop sql``.
 DEMO_QUERIES = {
-    "the queue: which questions the loop found most informative": (
-        "SELECT question_id, round(priority, 3) AS priority, round = 0 AS first_round, "
-        "signals->>'correct' AS probe_correct, signals->>'graded' AS probe_graded "
-        "FROM question_priorities ORDER BY priority DESC LIMIT 8"
+    "the loop learning: each round's ensemble PRM on the held-out set": (
+        "SELECT model_id, train_examples AS trained_on, round(CAST(metrics->>'heldout_f1' AS DOUBLE), 3) AS "
+        "heldout_f1, registered_at FROM model_versions WHERE kind = 'prm_ensemble' ORDER BY registered_at"
+    ),
+    "what the PRM sent to be labelled or skipped, and why": (
+        "SELECT solution_id[:8] AS solution, decision, coalesce(prm, '-') AS prm, reason FROM selections "
+        "WHERE is_latest ORDER BY score DESC NULLS FIRST LIMIT 8"
     ),
     "MC labels and whether consensus kept them": (
         "SELECT l.solution_id[:8] AS solution, l.method, l.first_error_step AS mc_first_error, "
@@ -55,72 +73,78 @@ DEMO_QUERIES = {
     ),
 }
 
-
-@dataclass(frozen=True)
-class DemoSettings:
-    home: Path | None = None
-    minutes: float = 15.0
-    threads: int | None = None
-    level: int = 1
-    seed: int = 0
-    judge: Literal["exact", "critic", "stepwise"] = "exact"
+#: Seconds before the first round: the Prefect server, the model load and probe, the broker, the
+#: held-out set (first run only) and prioritizing (measured here: 2-4 minutes on a loaded machine).
+SETUP_S = 150.0
 
 
-@dataclass(frozen=True)
-class DemoPlan:
-    """Sizes chosen so the stages fit the budget at the measured speed."""
-
-    tokens_per_s: float
-    questions: int
-    probe_k: int
-    sample_questions: int
-    k: int
-    annotate: int
-    judge: int
-    max_new_tokens: int = 192
-    rollout_tokens: int = 128
-
-    def describe(self) -> str:
-        return (
-            f"{self.tokens_per_s:.0f} tokens/s: prioritize {self.questions} questions x {self.probe_k} probes, "
-            f"sample {self.sample_questions} x {self.k}, annotate up to {self.annotate}, judge up to {self.judge}"
-        )
+def command_prefix(home: Path, shell_home: Path) -> str:
+    """How to call ``prmloop`` so a printed command runs as it stands: ``prmloop`` when the shell finds
+    this one on its PATH, else its path (``.venv/bin/prmloop`` after ``make demo``); with
+    ``PRMLOOP_HOME=...`` in front when the demo's home is not ``shell_home``, the one the shell uses."""
+    own = Path(sys.executable).parent / "prmloop"
+    found = shutil.which("prmloop")
+    if found and Path(found).resolve() == own.resolve():
+        command = "prmloop"
+    else:
+        relative = os.path.relpath(own)
+        command = relative if not relative.startswith("..") else str(own)
+    if home.expanduser().resolve() != shell_home.expanduser().resolve():
+        command = f"PRMLOOP_HOME={home} {command}"
+    return command
 
 
-#: Seconds of a demo run that are not generation: about eight model loads, the Prefect server, the
-#: calibration and the waits for the store (measured on this 2-core machine: about 3 minutes).
-FIXED_OVERHEAD_S = 180.0
-
-
-def plan_sizes(tokens_per_s: float, minutes: float) -> DemoPlan:
-    """Split the budget's generation time (the budget less :data:`FIXED_OVERHEAD_S`) over the stages,
-    as tokens at the measured speed: prioritizing 20 %, sampling 20 %, annotation 35 %, judging 10 %,
-    the second round 5 %; the rest is slack (the speed probe runs on an idle model)."""
-    tokens = max(1.0, tokens_per_s) * max(60.0, minutes * 60.0 - FIXED_OVERHEAD_S)
-    probe_k, k, per_solution, per_label, per_judged = 2, 4, 160, 1600, 250
-    questions = max(2, min(24, int(0.20 * tokens / (probe_k * per_solution))))
-    sample_questions = max(1, min(questions, int(0.20 * tokens / (k * per_solution))))
-    return DemoPlan(
-        tokens_per_s=tokens_per_s,
-        questions=questions,
-        probe_k=probe_k,
-        sample_questions=sample_questions,
-        k=k,
-        annotate=max(1, min(8, int(0.35 * tokens / per_label))),
-        judge=max(1, min(12, int(0.10 * tokens / per_judged))),
-    )
+def next_commands(home: Path, *, shell_home: Path, prefect_started: bool) -> list[str]:
+    """The commands the demo ends with, exactly as printed (each runs as it stands in the shell)."""
+    p = command_prefix(home, shell_home)
+    commands = [f"{p} status", f"{p} models list"]
+    commands += [f'{p} sql "{sql}"' for sql in list(DEMO_QUERIES.values())[:2]]
+    if prefect_started:
+        commands.append(f"{p} down")
+    return commands
 
 
 @dataclass
-class _Report:
-    console: Console
+class _Terminal:
+    """Stage lines to the terminal and the log file; everything else (fd 1 and 2) to the log file only."""
+
+    log_path: Path
     started: float = field(default_factory=time.monotonic)
     lines: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log: IO[str] = self.log_path.open("a", buffering=1)
+        self.out: IO[str] = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+        self.console = Console(file=self.out, soft_wrap=True, highlight=False)
+
     def stage(self, name: str, text: str) -> None:
-        line = f"[{time.monotonic() - self.started:6.0f}s] {name}: {text}"
+        line = f"[{time.monotonic() - self.started:5.0f}s] {name}: {text}"
         self.lines.append(line)
-        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self.out.write(line + "\n")
+        self.log.write(line + "\n")
+
+    def say(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+        self.log.write(text + "\n")
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Send whatever the stages print (Prefect's console logs, warnings, progress) to the log file."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(self.log.fileno(), 1)
+        os.dup2(self.log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
 def _speed_probe(threads: int | None) -> float:
@@ -128,18 +152,23 @@ def _speed_probe(threads: int | None) -> float:
     from prmloop.models.backends.registry import EngineSettings, build_backend
 
     generator = build_backend(EngineSettings(threads=threads).backend_config())
+    generator.generate(["Count: 1,"], SamplingParams(n=1, max_new_tokens=4, temperature=0.7, seed=0))  # warm-up
+    # Batched like the loop's sampling and rollouts (two prompts x 4), which decode several times
+    # more tokens per second than a single sequence does.
     started = time.perf_counter()
-    [[completion]] = generator.generate(
-        ["Count: 1, 2, 3,"], SamplingParams(n=1, max_new_tokens=32, temperature=0.7, seed=0)
+    batches = generator.generate(
+        ["Count: 1, 2, 3,", "Tom has 3 apples and buys 2 more."],
+        SamplingParams(n=4, max_new_tokens=24, temperature=0.7, seed=0),
     )
-    return completion.completion_tokens / max(time.perf_counter() - started, 1e-6)
+    tokens = sum(c.completion_tokens for batch in batches for c in batch)
+    return tokens / max(time.perf_counter() - started, 1e-6)
 
 
 @contextmanager
-def _broker(report: _Report) -> Iterator[str]:
+def _broker(report: Callable[[str, str], None]) -> Iterator[str]:
     configured = KafkaSettings().bootstrap_servers
     if configured:
-        report.stage("broker", f"{configured} (KAFKA_BOOTSTRAP_SERVERS)")
+        report("broker", f"{configured} (KAFKA_BOOTSTRAP_SERVERS)")
         yield configured
         return
     from prmloop.store.broker import EmbeddedBroker
@@ -147,7 +176,7 @@ def _broker(report: _Report) -> Iterator[str]:
 
     with EmbeddedBroker() as broker:
         ensure_topics(broker.bootstrap_servers)
-        report.stage("broker", f"embedded Tansu on {broker.bootstrap_servers}")
+        report("broker", f"embedded Tansu on {broker.bootstrap_servers}")
         yield broker.bootstrap_servers
 
 
@@ -177,7 +206,7 @@ def _sink(db: Path, servers: str) -> Iterator[Callable[[], int]]:
         thread.join(timeout=30)
 
 
-def _prefect_server(home: Path, report: _Report) -> tuple[str | None, bool]:
+def _prefect_server(home: Path, report: Callable[[str, str], None]) -> tuple[str | None, bool]:
     """(UI URL, whether the demo started it): the server of ``prmloop up`` if one runs, else a new one."""
     from prmloop.flows.prefect_home import USER_CHOSE_PREFECT
     from prmloop.flows.stack import prefect_api_url, up
@@ -189,7 +218,7 @@ def _prefect_server(home: Path, report: _Report) -> tuple[str | None, bool]:
     url = prefect_api_url(StateSettings(home=home))
     started = False
     if url is None:
-        up(["prefect"], state=StateSettings(home=home), say=lambda line: report.stage("prefect", line))
+        up(["prefect"], state=StateSettings(home=home), say=lambda line: report("prefect", line))
         url, started = prefect_api_url(StateSettings(home=home)), True
     if url:
         os.environ["PREFECT_API_URL"] = url
@@ -204,49 +233,131 @@ def _stop_on_signals() -> None:
 
 
 def run_demo(settings: DemoSettings | None = None) -> dict[str, Any]:
-    """Run the loop once (see the module docstring); returns what each stage did."""
-    from prmloop.flows.demo_stages import run_stages
+    """Run the loop's rounds within the budget (see the module docstring); returns what each did."""
     from prmloop.flows.prefect_home import isolate_prefect_state
+    from prmloop.models.backends.registry import shared_backends
 
     s = settings or DemoSettings()
-    home = s.home or (StateSettings().home / "demo")
+    busy = ""
+    if s.threads is None and os.getloadavg()[0] > 0.75 * (os.cpu_count() or 1):
+        # Torch's threads spin while they wait for a core: on a busy machine one thread decodes faster.
+        s = dataclasses.replace(s, threads=1)
+        busy = f" (one torch thread: the machine is busy, load {os.getloadavg()[0]:.1f})"
+    shell_home = StateSettings().home
+    home = (s.home or shell_home).expanduser()
     home.mkdir(parents=True, exist_ok=True)
-    os.environ["PRMLOOP_HOME"] = str(home)  # every service's outbox and state goes into the demo's home
-    console = Console()
-    report = _Report(console)
-    report.stage("home", f"{home} (its own DuckDB file, outboxes, consensus and Prefect state)")
+    os.environ["PRMLOOP_HOME"] = str(home)  # every service's outbox and state goes into this home
+    db = StateSettings().db_path
+    term = _Terminal(home / "logs" / "demo.log")
+    deadline = time.monotonic() + s.minutes * 60.0
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
+    existing = db.is_file()
+    term.stage(
+        "home", f"{home} (store {db.name}{', adding to what it holds' if existing else ''}); log {term.log_path}"
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     _stop_on_signals()
     ui, started_server = None, False
-    with isolate_prefect_state(home):
+    out: dict[str, Any] = {"rounds": [], "cut": []}
+    with isolate_prefect_state(home), shared_backends():
         try:
-            ui, started_server = _prefect_server(home, report)
-            report.stage("prefect", f"flow runs go to {ui}" if ui else "a throw-away local Prefect API")
-            tokens_per_s = _speed_probe(s.threads)
-            plan = plan_sizes(tokens_per_s, s.minutes)
-            report.stage("plan", f"{plan.describe()} (budget {s.minutes:g} min)")
-            db = home / "prmloop.duckdb"
-            with _broker(report) as servers, _sink(db, servers) as stored:
-                outcome = run_stages(plan, s, servers=servers, db=db, report=report.stage, stored=stored)
+            with term.quiet():
+                ui, started_server = _prefect_server(home, term.stage)
+                term.stage("prefect", f"flow runs go to {ui}" if ui else "a throw-away local Prefect API")
+                speed = _speed_probe(s.threads)
+            term.stage("engine", f"transformers, SmolLM2-135M-Instruct on the CPU: {speed:.0f} tokens/s (probe){busy}")
+            with term.quiet(), _broker(term.stage) as servers, _sink(db, servers) as stored:
+                out.update(_run_rounds(s, Stages(s, servers, db, home, term.stage, stored, left), speed, left, term))
         except KeyboardInterrupt:
-            report.stage("interrupted", "stopping what the demo started")
+            term.stage("interrupted", "stopping what the demo started")
             if started_server:
                 from prmloop.flows.stack import down
 
-                down(state=StateSettings(home=home), say=lambda line: report.stage("prefect", line))
+                with term.quiet():
+                    down(state=StateSettings(home=home), say=lambda line: term.stage("prefect", line))
             raise
-    _print_results(console, db)
-    console.print(f"\nDone in {time.monotonic() - report.started:.0f}s. The store: {db}", soft_wrap=True)
+    _summary(term, db, out, ui=ui, commands=next_commands(home, shell_home=shell_home, prefect_started=started_server))
+    return {"home": str(home), "db": str(db), "ui": ui, **out}
+
+
+def _run_rounds(
+    s: DemoSettings, stages: Stages, speed: float, left: Callable[[], float], term: _Terminal
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"rounds": [], "cut": []}
+    first = plan_round(speed, left() - SETUP_S, s.rounds)
+    if first is None:
+        need = (SETUP_S + FINAL_RESERVE_S + s.rounds * (ROUND_OVERHEAD_S + MIN_ROUND_TOKENS / max(speed, 0.1))) / 60
+        term.stage(
+            "budget", f"cut every round: at {speed:.1f} tokens/s a round does not fit; --minutes {need:.0f} would"
+        )
+        out["cut"].append("every round")
+        return out
+    term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
+    stages.heldout()
+    measured_tokens, measured_s = 0.0, 0.0
+    last = False
+    for index in range(s.rounds):
+        rate = (measured_tokens / measured_s) if measured_s > 20 else speed
+        plan = plan_round(rate, left(), s.rounds - index)
+        if plan is None and index + 1 < s.rounds:
+            # Fewer rounds then: this one gets all the time left, the later ones are cut.
+            plan = plan_round(rate, left(), 1)
+            if plan is not None:
+                what = f"rounds {index + 2}-{s.rounds}" if index + 2 < s.rounds else f"round {index + 2}"
+                term.stage("budget", f"cut {what} ({left():.0f}s left at {rate:.0f} tokens/s): this round is the last")
+                out["cut"].append(what)
+                last = True
+        if plan is None:
+            what = f"rounds {index + 1}-{s.rounds}" if index + 1 < s.rounds else f"round {index + 1}"
+            term.stage("budget", f"cut {what}: {left():.0f}s left at {rate:.0f} tokens/s")
+            out["cut"].append(what)
+            break
+        term.stage(f"round {index + 1}/{s.rounds}", f"plan at {rate:.0f} tokens/s: {plan.describe()}")
+        result = stages.round(index, index + 1 if last else s.rounds, plan)
+        out["rounds"].append(result)
+        measured_tokens += result["generated_tokens"]
+        measured_s += result["generation_s"]
+        if result["cut"]:
+            out["cut"].append(f"round {index + 1}'s annotation")
+        if last:
+            break
+    if left() > 40:
+        stages.calibrate()
+    else:
+        term.stage("budget", "cut the calibration: the budget is spent")
+        out["cut"].append("calibration")
+    out["events"] = wait_stored(stages.stored)
+    from prmloop.flows.monitor import ARTIFACT_KEYS, monitor
+
+    metrics = monitor(str(stages.db))
+    out["learning"] = metrics["learning"]
+    term.stage("monitor", f"artifacts {', '.join(ARTIFACT_KEYS)} published; {out['events']} events stored")
+    return out
+
+
+def _summary(term: _Terminal, db: Path, out: dict[str, Any], *, ui: str | None, commands: list[str]) -> None:
+    from prmloop.flows.monitor import learning_table
+
+    elapsed = time.monotonic() - term.started
+    term.say()
+    term.say(f"Done in {elapsed:.0f}s. The loop's learning curve (held-out F1 of each round's ensemble PRM):")
+    for line in learning_table(out.get("learning") or []) if out.get("learning") else ["  no PRM was trained"]:
+        term.say(line)
+    if out["cut"]:
+        term.say(f"Cut to keep the budget: {', '.join(out['cut'])}.")
+    _print_queries(term.console, db)
+    term.say(f"The store: {db}. Log: {term.log_path}")
     if ui:
-        console.print(f"Prefect UI (flow runs, artifacts): {ui}")
-        if started_server:
-            console.print(f"  it keeps running for you; stop it with: PRMLOOP_HOME={home} prmloop down", soft_wrap=True)
-    console.print("Try:")
-    for sql in DEMO_QUERIES.values():
-        console.print(f'  prmloop sql --db {db} "{sql}"', markup=False, highlight=False, soft_wrap=True)
-    return {"home": str(home), "db": str(db), "ui": ui, "plan": plan.__dict__, **outcome}
+        term.say(f"Prefect UI (flow runs, artifacts such as loop-learning): {ui}")
+    term.say("Next, as they stand:")
+    for command in commands:
+        term.say(f"  {command}")
 
 
-def _print_results(console: Console, db: Path) -> None:
+def _print_queries(console: Console, db: Path) -> None:
     from prmloop.store.duck import QueryError, query
 
     for title, sql in DEMO_QUERIES.items():
@@ -255,7 +366,10 @@ def _print_results(console: Console, db: Path) -> None:
         except QueryError as exc:
             console.print(f"{title}: {exc}", markup=False)
             continue
+        if not result.rows:
+            continue
         table = Table(*result.columns, title=title)
         for row in result.rows:
             table.add_row(*(str(v) for v in row))
-        console.print(table)
+        with contextlib.suppress(BrokenPipeError):
+            console.print(table)

@@ -1,28 +1,98 @@
-"""The stages of ``prmloop demo`` (see :mod:`prmloop.flows.demo`): each one a real run of a service or
-flow on the demo's broker and store, sized by the demo's plan, skipped with a message when the time
-budget or its inputs are missing."""
+"""The stages of ``prmloop demo`` (orchestrated by :mod:`prmloop.flows.demo`), and the names both share:
+the settings, the plan of a round and how it is sized.
+
+Each stage is a real run of a service or flow on the demo's broker and store. A round is the loop
+once: **prioritize** new questions (two probes each) and **sample** the top of the queue, **score**
+the steps, **select** (the promoted ensemble PRM decides which solutions are worth their labels; none
+promoted yet: all of them), **annotate** with MC rollouts, **judge** (the curriculum's exact step
+checker by default), **consensus**, and **retrain** the ensemble PRM on the accepted labels, scored on
+a held-out set of curriculum solutions with known first errors (reference solutions of questions the
+loop never samples, and copies with one result changed): the round's held-out F1 is the loop's
+learning curve.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from prmloop.store.duck import QueryError, StoreLocked, query
-from prmloop.store.events import CalibrationFitted, make_event
 
-if TYPE_CHECKING:
-    from prmloop.flows.demo import DemoPlan, DemoSettings
-
-__all__ = ["run_stages", "wait_stored"]
+__all__ = [
+    "FINAL_RESERVE_S",
+    "MIN_ROUND_TOKENS",
+    "ROUND_OVERHEAD_S",
+    "DemoSettings",
+    "RoundPlan",
+    "Stages",
+    "plan_round",
+    "wait_stored",
+]
 
 Report = Callable[[str, str], None]
 
+#: Seconds a round costs besides generation on this 2-core machine: five consumer-group joins and idle
+#: waits, the ensemble's retrain and its held-out scoring, the store catching up (measured: 60-90 s).
+ROUND_OVERHEAD_S = 75.0
+#: Seconds kept for what follows the rounds: the calibration, the monitor's artifacts, the summary.
+FINAL_RESERVE_S = 60.0
+#: Tokens a curriculum solution and an MC label cost on average (level 1, SmolLM2; measured).
+TOKENS_PER_SOLUTION = 70
+TOKENS_PER_LABEL = 500
+#: Solutions a question costs in a round: two probes (prioritizing) and ``k = 4`` samples.
+SOLUTIONS_PER_QUESTION = 2 + 4
+#: The tokens of the smallest round: one question at 40 % of the round's tokens.
+MIN_ROUND_TOKENS = SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION / 0.4
+#: The held-out set of every round's PRM (free to make; sampling the model's own would cost minutes).
+EVAL_SET = "arith-reference"
 
-def _count(db: Path, sql: str) -> int:
+
+@dataclass(frozen=True)
+class DemoSettings:
+    home: Path | None = None
+    minutes: float = 15.0
+    threads: int | None = None
+    level: int = 1
+    seed: int = 0
+    judge: Literal["exact", "critic", "stepwise"] = "exact"
+    rounds: int = 3
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round's sizes: questions sampled from the queue (``k`` each), incorrect solutions annotated."""
+
+    questions: int
+    k: int
+    annotate: int
+    max_new_tokens: int = 192
+    rollout_tokens: int = 128
+
+    def describe(self) -> str:
+        return f"sample {self.questions} questions x {self.k}, annotate up to {self.annotate} incorrect solutions"
+
+
+def plan_round(tokens_per_s: float, seconds_left: float, rounds_left: int) -> RoundPlan | None:
+    """The next round's sizes: this round's share of the time left (less the final reserve and the
+    rounds' fixed overhead) as tokens at the speed measured so far, 40 % prioritizing and sampling
+    (two probes and four samples a question) and 60 % MC labels.
+    ``None``: not even one question fits (the round is cut)."""
+    rounds_left = max(1, rounds_left)
+    spare = seconds_left - FINAL_RESERVE_S - rounds_left * ROUND_OVERHEAD_S
+    tokens = max(0.0, tokens_per_s) * max(0.0, spare) / rounds_left
+    k = 4
+    questions = min(6, int(0.4 * tokens / (SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION)))
+    if questions < 1:
+        return None
+    return RoundPlan(questions=questions, k=k, annotate=max(1, min(6, int(0.6 * tokens / TOKENS_PER_LABEL))))
+
+
+def count(db: Path, sql: str) -> int:
     try:
-        return int(query(db, sql, timeout_s=5).rows[0][0])
+        return int(query(db, sql, timeout_s=5).rows[0][0] or 0)
     except (StoreLocked, FileNotFoundError, QueryError):
         return 0
 
@@ -41,206 +111,204 @@ def wait_stored(stored: Callable[[], int], *, settle_s: float = 2.0, timeout_s: 
     return last
 
 
-def _prioritize(
-    plan: DemoPlan, s: DemoSettings, servers: str, *, round: int, limit: int, prm: Any = None
-) -> dict[str, Any]:
-    from prmloop.flows.prioritize import run_prioritize
-    from prmloop.producers.prioritize import PrioritizeSettings
+@dataclass
+class Stages:
+    """The demo's stages on one broker and store; ``left()`` is the budget's time left in seconds."""
 
-    settings = PrioritizeSettings(
-        dataset="arith",
-        level=s.level,
-        limit=limit,
-        k=plan.probe_k,
-        round=round,
-        seed=s.seed,
-        max_new_tokens=plan.max_new_tokens,
-        threads=s.threads,
-    )
-    return run_prioritize(settings, bootstrap_servers=servers, prm=prm)
+    settings: DemoSettings
+    servers: str
+    db: Path
+    home: Path
+    report: Report
+    stored: Callable[[], int]
+    left: Callable[[], float]
+    eval_questions: int = 8
 
+    def heldout(self) -> int:
+        """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
+        from prmloop.flows.retrain_ensemble import EVAL_SEED, eval_items
 
-def run_stages(
-    plan: DemoPlan, s: DemoSettings, *, servers: str, db: Path, report: Report, stored: Callable[[], int]
-) -> dict[str, Any]:
-    """Run every stage in order; returns each stage's summary."""
-    from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
-    from prmloop.consumers.consensus import ConsensusSettings, run_consensus
-    from prmloop.consumers.judge import JudgeSettings, run_judge
-    from prmloop.consumers.scorer import ScorerSettings, run_scorer
-    from prmloop.flows.sample import run_sample
-    from prmloop.producers.sampler import SampleSettings
-    from prmloop.store.settings import StateSettings
+        items = eval_items(EVAL_SET, limit=self.eval_questions)
+        errors = sum(i.first_error >= 0 for i in items)
+        self.report(
+            "held-out",
+            f"{len(items)} curriculum solutions with known first errors ({len(items) - errors} reference solutions, "
+            f"{errors} with one result changed; levels 1-3, seed {EVAL_SEED}: questions the loop never samples)",
+        )
+        return len(items)
 
-    deadline = time.monotonic() + s.minutes * 60.0
-    outbox = StateSettings().outbox_dir
-    out: dict[str, Any] = {}
+    def prioritize(self, questions: int, *, index: int) -> dict[str, Any]:
+        """Probe ``questions`` new curriculum questions (seed ``settings.seed + index``: each round its own)
+        with two samples each, and queue them by priority; the probes' solutions are labelled like any."""
+        from prmloop.flows.prioritize import run_prioritize
+        from prmloop.producers.prioritize import PrioritizeSettings
 
-    def left() -> float:
-        return deadline - time.monotonic()
-
-    first = _prioritize(plan, s, servers, round=0, limit=plan.questions)
-    out["prioritize"] = {k: first[k] for k in ("questions", "probe_tokens", "hopeless", "trivial")}
-    report(
-        "prioritize",
-        f"probed {first['questions']} questions ({first['probe_tokens']} tokens): "
-        f"{first['hopeless']} all wrong, {first['trivial']} all right; the queue is in questions.prioritized",
-    )
-    wait_stored(stored)
-    queued = _count(db, "SELECT count(*) FROM question_priorities")
-    sampled = run_sample(
-        SampleSettings(
-            from_queue=True,
-            db=db,
-            limit=plan.sample_questions,
-            k=plan.k,
-            m=1,
-            n=plan.k - 1,
-            max_new_tokens=plan.max_new_tokens,
-            seed=s.seed,
-            threads=s.threads,
-        ),
-        bootstrap_servers=servers,
-    )
-    out["sample"] = {k: sampled[k] for k in ("questions", "solutions", "correct", "incorrect", "completion_tokens")}
-    report(
-        "sample",
-        f"took the top {sampled['questions']} of {queued} queued questions: {sampled['solutions']} "
-        f"solutions, {sampled['correct']} correct, {sampled['incorrect']} incorrect",
-    )
-    scored = run_scorer(ScorerSettings(until_idle=5), bootstrap_servers=servers, install_signal_handlers=False)
-    out["score"] = {"published": scored["published"]}
-    report("score", f"step uncertainty of {scored['published']} solutions (probes and samples)")
-    if left() > 60:
-        annotator = AnnotatorSettings(
-            strategy="adaptive_binary",
-            n0=4,
-            n_min=2,
-            n_max=8,
-            max_new_tokens=plan.rollout_tokens,
-            until_idle=10,
-            max_solutions=plan.annotate,
+        s = self.settings
+        settings = PrioritizeSettings(
+            dataset="arith",
+            level=s.level,
+            limit=questions,
+            k=2,
+            round=0,
+            seed=s.seed + index,
+            max_new_tokens=192,
             threads=s.threads,
         )
-        labelled = run_annotator(annotator, bootstrap_servers=servers, outbox_dir=outbox, install_signal_handlers=False)
-        out["annotate"] = {
-            k: labelled.get(k) for k in ("labelled", "all_correct", "unresolved", "rollouts", "generated_tokens")
+        out = run_prioritize(settings, bootstrap_servers=self.servers)
+        self.report(
+            f"round {index + 1}",
+            f"prioritized {out['questions']} new questions ({out['probe_tokens']} probe tokens): {out['hopeless']} "
+            f"all wrong, {out['trivial']} all right",
+        )
+        wait_stored(self.stored)
+        return out
+
+    def round(self, index: int, rounds: int, plan: RoundPlan) -> dict[str, Any]:
+        """One turn of the loop; returns what each stage did and the generation it cost."""
+        from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
+        from prmloop.consumers.consensus import ConsensusSettings, run_consensus
+        from prmloop.consumers.judge import JudgeSettings, run_judge
+        from prmloop.consumers.scorer import ScorerSettings, run_scorer
+        from prmloop.consumers.selector import SelectorSettings, run_selector
+        from prmloop.flows.sample import run_sample
+        from prmloop.producers.sampler import SampleSettings
+        from prmloop.store.settings import StateSettings
+
+        s, name = self.settings, f"round {index + 1}/{rounds}"
+        outbox = StateSettings().outbox_dir
+        tick = time.monotonic()
+        probed = self.prioritize(plan.questions + 2, index=index)
+        sampled = run_sample(
+            SampleSettings(
+                from_queue=True,
+                db=str(self.db),
+                limit=plan.questions,
+                k=plan.k,
+                m=plan.k,
+                n=plan.k,
+                max_new_tokens=plan.max_new_tokens,
+                seed=s.seed,
+                threads=s.threads,
+            ),
+            bootstrap_servers=self.servers,
+        )
+        sample_s = time.monotonic() - tick
+        self.report(
+            name,
+            f"sampled the top {sampled['questions']} of the queue: {sampled['solutions']} solutions "
+            f"({sampled['correct']} correct, {sampled['incorrect']} incorrect, {sampled['completion_tokens']} tokens)",
+        )
+        scored = run_scorer(ScorerSettings(until_idle=3), bootstrap_servers=self.servers, install_signal_handlers=False)
+        selected = run_selector(
+            SelectorSettings(db=str(self.db), until_idle=3, refresh_s=0.01),
+            bootstrap_servers=self.servers,
+            install_signal_handlers=False,
+        )
+        prm = "no ensemble PRM yet" if index == 0 else "the promoted ensemble PRM"
+        self.report(
+            name,
+            f"scored {scored['published']}; selector ({prm}): {selected['label']} to label, {selected['skip']} skipped",
+        )
+        tick = time.monotonic()
+        reserve = FINAL_RESERVE_S + (rounds - index - 1) * ROUND_OVERHEAD_S + 30
+        labelled = run_annotator(
+            AnnotatorSettings(
+                strategy="adaptive_binary",
+                n0=4,
+                n_min=2,
+                n_max=8,
+                max_new_tokens=plan.rollout_tokens,
+                until_idle=5,
+                max_solutions=plan.annotate,
+                threads=s.threads,
+            ),
+            bootstrap_servers=self.servers,
+            outbox_dir=outbox,
+            until=lambda: self.left() < reserve,
+            install_signal_handlers=False,
+        )
+        annotate_s = time.monotonic() - tick
+        cut = " (cut: the budget's time for this round ran out)" if self.left() < reserve else ""
+        judged = run_judge(
+            JudgeSettings(method=s.judge, samples=4, max_new_tokens=256, until_idle=3, threads=s.threads),
+            bootstrap_servers=self.servers,
+            install_signal_handlers=False,
+        )
+        decided = run_consensus(
+            ConsensusSettings(until_idle=3),
+            bootstrap_servers=self.servers,
+            outbox_dir=outbox,
+            install_signal_handlers=False,
+        )
+        self.report(
+            name,
+            f"MC: {labelled['labelled']} first errors, {labelled['all_correct']} correct solutions labelled, "
+            f"{labelled['unresolved']} unresolved ({labelled['rollouts']} rollouts, {labelled['generated_tokens']} "
+            f"tokens){cut}; judge ({s.judge}): {judged.get('judged')}; consensus: {decided.get('accepted')} accepted, "
+            f"{decided.get('rejected')} rejected",
+        )
+        wait_stored(self.stored)
+        retrained = self.retrain(name)
+        return {
+            "sample": {k: sampled[k] for k in ("questions", "solutions", "correct", "incorrect", "completion_tokens")},
+            "select": {"label": selected["label"], "skip": selected["skip"]},
+            "annotate": {k: labelled.get(k) for k in ("labelled", "all_correct", "unresolved", "generated_tokens")},
+            "consensus": {k: decided.get(k) for k in ("accepted", "rejected", "waiting")},
+            "retrain": retrained,
+            "generated_tokens": int(probed["probe_tokens"])
+            + int(sampled["completion_tokens"])
+            + int(labelled["generated_tokens"]),
+            "generation_s": sample_s + annotate_s,
+            "cut": bool(cut),
         }
-        report(
-            "annotate",
-            f"{labelled['labelled']} first errors found, {labelled['all_correct']} correct solutions "
-            f"labelled, {labelled['unresolved']} unresolved (no rollout reached the answer); "
-            f"{labelled['rollouts']} rollouts, {labelled['generated_tokens']} tokens",
+
+    def retrain(self, name: str) -> dict[str, Any]:
+        """The ensemble PRM on every accepted label so far, scored on the held-out set, registered."""
+        from prmloop.flows.retrain import run_retrain
+
+        accepted = count(self.db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'")
+        if accepted < 1:
+            self.report(name, "retrain: no accepted label yet, no PRM this round")
+            return {"trained": False, "accepted": 0}
+        summary = run_retrain(
+            db=str(self.db),
+            kind="accepted",
+            prm_kind="ensemble",
+            eval_set=EVAL_SET,
+            eval_limit=self.eval_questions,
+            out_dir=str(self.home / "prm"),
+            min_examples=1,
+            ratios=(1.0, 0.0, 0.0),
+            bootstrap_servers=self.servers,
         )
-    else:
-        report("annotate", "skipped: the time budget is spent")
-    if left() > 30 or s.judge == "exact":
-        judge = JudgeSettings(
-            method=s.judge,
-            samples=4,
-            max_new_tokens=256,
-            until_idle=10,
-            max_solutions=None if s.judge == "exact" else plan.judge,
-            threads=s.threads,
+        if not summary.get("trained"):
+            self.report(name, f"retrain: not trained ({summary.get('reason')})")
+            return {"trained": False, "accepted": accepted}
+        metrics = summary["metrics"]
+        self.report(
+            name,
+            f"retrain: ensemble PRM {summary['model_id']} on {int(metrics['train_solutions'])} accepted solutions in "
+            f"{metrics['train_seconds']:.1f}s: held-out F1 {metrics['heldout_f1']:.3f}; {summary['decision']}",
         )
-        judged = run_judge(judge, bootstrap_servers=servers, install_signal_handlers=False)
-        out["judge"] = {k: judged.get(k) for k in ("judged", "unparsed", "generated_tokens")}
-        what = {
-            "exact": "the curriculum's exact step checker",
-            "critic": "the critic (whole solution, ProcessBench protocol)",
-            "stepwise": "the step-wise LLM judge with CoT Entropy",
-        }[s.judge]
-        report(
-            "judge", f"{what} judged {judged.get('judged')} solutions ({judged.get('unparsed', 0)} without a verdict)"
+        wait_stored(self.stored)
+        return {k: summary[k] for k in ("model_id", "promoted", "metrics", "artifact")}
+
+    def calibrate(self) -> dict[str, Any]:
+        """Fit the aggregation calibration on the shared GSM8K Best-of-N pool (a published PRM's scores)."""
+        from prmloop.flows.calibrate import calibrate
+        from prmloop.models.questions import data_dir
+        from prmloop.store.events import CalibrationFitted, make_event
+        from prmloop.store.kafka import EventProducer
+
+        pool = data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
+        if not pool.is_file():
+            self.report("calibrate", f"skipped: {pool} not found (../shared must sit beside the clone)")
+            return {"skipped": True}
+        result = calibrate(str(pool), subsamples=10, splits=2, out_dir=str(self.home / "calibration"))
+        payload = CalibrationFitted.model_validate(result["event_payload"])
+        with EventProducer(self.servers) as producer:
+            producer.publish([make_event(payload, producer="prmloop-demo/0.3.0")])
+        self.report(
+            "calibrate", f"aggregation calibrated on {pool.name} (qwen_prm scores); CalibrationFitted published"
         )
-    else:
-        report("judge", "skipped: the time budget is spent")
-    consensus = run_consensus(
-        ConsensusSettings(until_idle=5), bootstrap_servers=servers, outbox_dir=outbox, install_signal_handlers=False
-    )
-    out["consensus"] = {k: consensus.get(k) for k in ("accepted", "rejected", "waiting")}
-    report(
-        "consensus",
-        f"{consensus.get('accepted')} accepted, {consensus.get('rejected')} rejected, "
-        f"{consensus.get('waiting')} waiting for their other half",
-    )
-    wait_stored(stored)
-    out["train"] = _train(db, report, left(), s.threads, servers)
-    out["calibrate"] = _calibrate(servers, report, left())
-    if left() > 60:
-        prm = None
-        if out["train"].get("artifact"):
-            from prmloop.models.prm.model import PRM
-
-            prm = PRM.load(Path(out["train"]["artifact"]))
-        again = _prioritize(plan, s, servers, round=1, limit=min(plan.questions, 4), prm=prm)
-        out["prioritize_again"] = {k: again[k] for k in ("questions", "probe_tokens")}
-        with_prm = " with the new PRM's score spread" if prm else ""
-        report("prioritize", f"round 1: {again['questions']} questions re-probed{with_prm}")
-    else:
-        report("prioritize", "round 1 skipped: the time budget is spent")
-    out["events"] = wait_stored(stored)
-    report("store", f"{out['events']} events in {db}")
-    from prmloop.flows.monitor import ARTIFACT_KEYS, monitor
-
-    metrics = monitor(str(db))
-    out["acceptance_rate"] = metrics["acceptance_rate"]
-    report("monitor", f"artifacts {', '.join(ARTIFACT_KEYS)} published (acceptance rate {metrics['acceptance_rate']})")
-    return out
-
-
-def _train(db: Path, report: Report, seconds_left: float, threads: int | None, servers: str) -> dict[str, Any]:
-    """Snapshot, train a LoRA PRM for a few steps, evaluate on a few ProcessBench solutions, register.
-
-    Consensus-accepted labels when there are any, else the MC labels (the laptop loop makes few: a PRM
-    trained on a handful of solutions shows the pipeline working, not a useful model)."""
-    from prmloop.flows.retrain import run_retrain
-    from prmloop.models.prm.model import PRMConfig
-
-    accepted = _count(db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'")
-    labelled = _count(db, "SELECT count(DISTINCT solution_id) FROM label_history WHERE source = 'StepsLabeled'")
-    kind = "accepted" if accepted >= 1 else "mc"
-    if seconds_left < 90 or (accepted if kind == "accepted" else labelled) < 1:
-        report("train", f"skipped: {accepted} accepted and {labelled} MC-labelled solutions, {seconds_left:.0f}s left")
-        return {"trained": False, "accepted_labels": accepted}
-    config = PRMConfig(max_steps=6, batch_size=2, max_length=512, learning_rate=5e-4, threads=threads)
-    summary = run_retrain(
-        db=str(db),
-        kind=kind,
-        out_dir=str(db.parent / "prm"),
-        config=config,
-        eval_limit=4,
-        min_examples=1,
-        ratios=(1.0, 0.0, 0.0),
-        bootstrap_servers=servers,
-    )
-    if not summary.get("trained"):
-        report("train", f"not trained: {summary.get('reason')}")
-        return summary
-    report(
-        "train",
-        f"PRM {summary['model_id']} trained on the {kind} labels (6 LoRA steps), ProcessBench F1 gsm8k "
-        f"{summary['metrics']['processbench_gsm8k_f1']:.2f} on 4 solutions; {summary['decision']}",
-    )
-    return {k: summary[k] for k in ("model_id", "artifact", "promoted", "metrics")}
-
-
-def _calibrate(servers: str, report: Report, seconds_left: float) -> dict[str, Any]:
-    """Fit the aggregation calibration on the shared GSM8K Best-of-N pool (a published PRM's scores)."""
-    if seconds_left < 45:
-        report("calibrate", "skipped: the time budget is spent")
-        return {"skipped": True}
-    from prmloop.flows.calibrate import calibrate
-    from prmloop.models.questions import data_dir
-    from prmloop.store.kafka import EventProducer
-
-    pool = data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
-    if not pool.is_file():
-        report("calibrate", f"skipped: {pool} not found (the shared data folder)")
-        return {"skipped": True}
-    result = calibrate(str(pool), subsamples=10, splits=2, out_dir=str(Path("out") / "demo-calibration"))
-    payload = CalibrationFitted.model_validate(result["event_payload"])
-    with EventProducer(servers) as producer:
-        producer.publish([make_event(payload, producer="prmloop-demo/0.2.0")])
-    report("calibrate", f"aggregation calibrated on {pool.name} (qwen_prm scores); CalibrationFitted published")
-    return {"calibration_id": payload.calibration_id}
+        return {"calibration_id": payload.calibration_id}

@@ -3,7 +3,9 @@ version to the same artifact and the UI shows their history.
 
 - ``loop-per-hour`` (table): solutions, labels, judged, accepted and rejected per hour;
 - ``loop-summary`` (markdown): acceptance rate, generated tokens per accepted label, the current PRM
-  and its metrics, the latest calibration, and a plot of labels per hour.
+  and its metrics, the latest calibration, and a plot of labels per hour;
+- ``loop-learning`` (table): per retrain round, the ensemble PRM's held-out F1 next to the accepted
+  labels it trained on, the generated tokens spent by then and the solutions the selector skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from prmloop.store.metrics import loop_metrics
 
 __all__ = ["ARTIFACT_KEYS", "monitor", "summary_markdown"]
 
-ARTIFACT_KEYS = ("loop-per-hour", "loop-summary")
+ARTIFACT_KEYS = ("loop-per-hour", "loop-summary", "loop-learning")
 
 
 def _plot(per_hour: list[dict[str, Any]]) -> str:
@@ -67,10 +69,26 @@ def summary_markdown(metrics: dict[str, Any]) -> str:
         if calibration
         else "- calibration: none yet",
     ]
+    if metrics.get("learning"):
+        lines += ["", *learning_table(metrics["learning"])]
     plot = _plot(metrics["per_hour"]) if metrics["per_hour"] else ""
     if plot:
         lines += ["", f"![labels per hour]({plot})"]
     return "\n".join(lines) + "\n"
+
+
+def learning_table(learning: list[dict[str, Any]]) -> list[str]:
+    """The learning curve as markdown table lines: round, labels, tokens, skipped, held-out F1."""
+    rows = [
+        "| round | accepted labels | trained on | generated tokens | skipped by the PRM | held-out F1 | promoted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in learning:
+        rows.append(
+            f"| {r['round']} | {r['accepted_labels']} | {r['train_solutions']} | {r['generated_tokens']:,} "
+            f"| {r['skipped']} | {_fmt(r['heldout_f1'], '.3f')} | {'yes' if r['promoted'] else 'no'} |"
+        )
+    return rows
 
 
 @task(name="loop-metrics")
@@ -87,6 +105,11 @@ def artifacts_task(metrics: dict[str, Any]) -> None:
     )
     create_markdown_artifact(
         key=ARTIFACT_KEYS[1], markdown=summary_markdown(metrics), description="the loop at a glance"
+    )
+    create_table_artifact(
+        key=ARTIFACT_KEYS[2],
+        table=metrics["learning"] or [{"round": "-", "heldout_f1": None}],
+        description="the loop learning: each round's ensemble PRM, held-out F1 against labels and tokens spent",
     )
 
 

@@ -31,7 +31,7 @@ from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.model import PRM, PRMConfig
 from prmloop.models.prm.train import train_prm
 from prmloop.store.events import Envelope, ModelRef
-from prmloop.store.registry import current_model, model_registered, should_promote
+from prmloop.store.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
 from prmloop.store.snapshot import load_snapshot, select_labels, write_snapshot
 
 __all__ = ["examples_of", "retrain", "run_retrain"]
@@ -134,7 +134,7 @@ def _pipeline(
         "threshold": evaluation["threshold"],
     }
     current = current_model(db)
-    promote, decision = should_promote(metrics, current, "processbench_gsm8k_f1")
+    promote, decision = should_promote(metrics, current, PROMOTION_METRIC["prm"])
     logger.info(
         "trained %s: ProcessBench F1 gsm8k %.3f, math %.3f; %s",
         result.artifact_dir,

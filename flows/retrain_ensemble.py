@@ -8,6 +8,9 @@ promoted ensemble's (the selector then decides with it). Held-out sets (``eval_s
 - ``arith``: the embedded model's own solutions to curriculum questions of another seed than the
   loop's (:data:`EVAL_SEED`), kept where the exact checker decides; F1 by the ProcessBench protocol
   against the exact first errors;
+- ``arith-reference``: the curriculum's reference solutions of questions of that seed (levels 1-3),
+  each with a copy whose one equation's result was changed (:mod:`prmloop.models.arith.corrupt`): true
+  first errors at no cost (the demo's, where sampling the model would spend minutes of its budget);
 - ``processbench``: ProcessBench GSM8K and MATH (``eval_limit`` per subset, half erroneous), F1 per
   subset, averaged.
 """
@@ -25,21 +28,24 @@ from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import train_ensemble_prm
 from prmloop.models.prm.features import FeatureSpec
 from prmloop.store.events import Envelope, ModelRef
-from prmloop.store.registry import current_model, model_registered, should_promote
+from prmloop.store.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
 from prmloop.store.settings import StateSettings
 
-__all__ = ["ENSEMBLE_METRIC", "EVAL_SEED", "eval_items", "train_register_ensemble"]
+__all__ = ["ENSEMBLE_METRIC", "EVAL_SEED", "EVAL_SETS", "eval_items", "train_register_ensemble"]
 
 log = logging.getLogger(__name__)
 
 #: The curriculum seed of the ``arith`` held-out set: the loop's own questions use seed 0 by default.
 EVAL_SEED = 1000
+#: The held-out sets :func:`eval_items` knows.
+EVAL_SETS = ("arith", "arith-reference", "processbench")
 #: The promotion metric of ensemble PRMs.
-ENSEMBLE_METRIC = "heldout_f1"
+ENSEMBLE_METRIC = PROMOTION_METRIC["prm_ensemble"]
 
 
 def eval_items(eval_set: str, *, limit: int, threads: int | None = None, say: Any = log.info) -> list[PoolItem]:
-    """The held-out solutions of ``eval_set`` (``arith``: ``limit`` questions per level 1-2)."""
+    """The held-out solutions of ``eval_set`` (``arith``: ``limit`` questions per level 1-2;
+    ``arith-reference``: per level 1-3)."""
     state = StateSettings()
     if eval_set == "arith":
         items = build_pool(
@@ -60,7 +66,40 @@ def eval_items(eval_set: str, *, limit: int, threads: int | None = None, say: An
             right = [i for i in items if i.subset == subset and i.first_error < 0][: limit // 2]
             chosen += wrong + right
         return chosen
-    raise ValueError(f"unknown eval set {eval_set!r}; choose arith or processbench")
+    if eval_set == "arith-reference":
+        return _reference_items(limit)
+    raise ValueError(f"unknown eval set {eval_set!r}; choose {', '.join(EVAL_SETS)}")
+
+
+def _reference_items(per_level: int) -> list[PoolItem]:
+    import random
+
+    from prmloop.models.arith import arith_question_id, generate_question
+    from prmloop.models.arith.corrupt import corrupted_solution
+
+    rng = random.Random(EVAL_SEED)
+    items: list[PoolItem] = []
+    for level in (1, 2, 3):
+        for index in range(per_level):
+            question = generate_question(level, EVAL_SEED, index)
+            question_id = arith_question_id(level, EVAL_SEED, index)
+            corrupted = corrupted_solution(question, rng)
+            versions = [(list(question.reference_steps), -1)] + ([corrupted] if corrupted else [])
+            for tag, (steps, first_error) in zip(("right", "wrong"), versions, strict=False):
+                items.append(
+                    PoolItem(
+                        key=f"{question_id}/{tag}",
+                        question=question_id,
+                        subset=f"L{level}",
+                        problem=question.problem,
+                        steps=tuple(steps),
+                        first_error=first_error,
+                        label_first_error=first_error,
+                        cost=0.0,
+                        correct=first_error < 0,
+                    )
+                )
+    return items
 
 
 def train_register_ensemble(

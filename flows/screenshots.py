@@ -54,7 +54,10 @@ def find_chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise FileNotFoundError("no Chromium found: install Debian's package (`apt-get install chromium`)")
+    raise FileNotFoundError(
+        "no Chromium found on the PATH (prmloop screenshots needs a headless browser): install Debian's "
+        "package with `apt-get install chromium` (as root), then run the command again"
+    )
 
 
 def screenshot(

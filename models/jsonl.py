@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from io import BufferedIOBase
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_LINE_BYTES", "MAX_DEPTH", "DataFileError", "JsonLine", "read_json_lines"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "MAX_DEPTH", "DataFileError", "JsonLine", "json_error", "read_json_lines"]
 
 #: A line longer than this is skipped unless the caller sets its own limit (read in bounded pieces).
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
@@ -30,6 +31,8 @@ DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 MAX_DEPTH = 64
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: What ends a JSON token: whitespace, a structural character or a quote.
+_TOKEN_END = re.compile(r'[\s,:{}\[\]"]')
 _SKIP_CHUNK = 1024 * 1024
 
 
@@ -118,6 +121,24 @@ def read_json_lines(
         file.close()
 
 
+def json_error(text: str, exc: json.JSONDecodeError) -> str:
+    """What is wrong with the JSON ``text`` (one line, without its line break), at the column where it is.
+
+    A line cut short (an open string, or the text ending where more JSON must follow) is called
+    truncated: JSON's own message for it ("Expecting value") would point at the end, not say why.
+    """
+    end = len(text.rstrip())
+    if exc.msg.startswith("Unterminated string"):
+        return (
+            f"not valid JSON: truncated line (the string starting at column {exc.colno} is still open "
+            f"where the line ends, column {end})"
+        )
+    # The parser stopped in the line's last token (`tr` of `true`, `1.` of `1.5`) or at its end.
+    if not exc.msg.startswith("Extra data") and not _TOKEN_END.search(text, exc.pos, end):
+        return f"not valid JSON: truncated line (it ends at column {end} before the JSON is complete)"
+    return f"not valid JSON ({exc.msg} at column {exc.colno})"
+
+
 def _skip_rest_of_line(handle: BufferedIOBase) -> int:
     skipped = 0
     while True:
@@ -135,10 +156,12 @@ def _parse(raw: bytes, where: str, errors: list[str]) -> dict[str, Any] | None:
         return None
     if not line.strip():
         return None
+    # Without its line break, so that a position at the end of the line is a column of this line.
+    line = line.rstrip("\r\n")
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        errors.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); line skipped")
+        errors.append(f"{where}: {json_error(line, exc)}; line skipped")
         return None
     except RecursionError:
         errors.append(f"{where}: JSON nested too deeply (more than {MAX_DEPTH} levels); line skipped")

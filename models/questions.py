@@ -24,11 +24,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, JsonValue
 
 from prmloop.models.answers import last_boxed
+from prmloop.models.jsonl import json_error
 
 __all__ = [
     "DATASETS",
+    "DATASET_FILES",
     "Question",
     "data_dir",
+    "dataset_file",
     "load_gsm8k",
     "load_gsm_plus",
     "load_math",
@@ -68,13 +71,38 @@ def data_dir() -> Path:
     return Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+#: The file of each data set's split, relative to :func:`data_dir`; the first split is the default.
+DATASET_FILES: dict[str, dict[str, str]] = {
+    "gsm8k": {"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"},
+    "math500": {"test": "math/math500_test.jsonl"},
+    "math": {"test": "math/math_test_5000.jsonl"},
+    "gsm_plus": {"testmini": "gsm_plus/gsmplus_testmini.jsonl"},
+}
+
+
+def dataset_file(dataset: str, split: str | None = None, *, root: Path | None = None) -> Path:
+    """The file of ``dataset``'s ``split`` (default: its first), checked to exist.
+
+    Raises:
+        ValueError: an unknown data set or split (the message lists the valid ones).
+        FileNotFoundError: the file is not in the shared data folder.
+    """
+    splits = DATASET_FILES.get(dataset)
+    if splits is None:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(sorted(DATASET_FILES))}")
+    chosen = split if split is not None else next(iter(splits))
+    if chosen not in splits:
+        raise ValueError(f"{dataset} has no split {chosen!r}; choose one of {', '.join(splits)}")
+    return _resolve(splits[chosen], root)
+
+
 def _resolve(relative: str, root: Path | None) -> Path:
     base = root if root is not None else data_dir()
     path = base / relative
     if not path.is_file():
         raise FileNotFoundError(
-            f"question file {path} not found; set {DATA_DIR_ENV} to the folder that holds "
-            f"{relative} (the shared data folder described by its MANIFEST.md)"
+            f"question file {path} not found; put the shared folder beside the clone (../shared/data) or set "
+            f"{DATA_DIR_ENV} to the folder that holds {relative} (the shared data folder described by its MANIFEST.md)"
         )
     return path
 
@@ -85,10 +113,11 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
+            text = line.rstrip("\r\n")
             try:
-                row = json.loads(line)
+                row = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+                raise ValueError(f"{path}:{line_no}: {json_error(text, exc)}") from exc
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(row).__name__}")
             missing = [key for key in required if not isinstance(row.get(key), str)]
@@ -110,7 +139,7 @@ def load_gsm8k(
     split: Literal["train", "test"] = "test", *, limit: int | None = None, root: Path | None = None
 ) -> list[Question]:
     """GSM8K (``gsm8k/{split}.jsonl``); the gold answer is the text after ``####``."""
-    path = _resolve(f"gsm8k/{split}.jsonl", root)
+    path = dataset_file("gsm8k", split, root=root)
 
     def rows() -> Iterator[Question]:
         for index, (line_no, row) in enumerate(_rows(path, ("question", "answer"))):
@@ -130,7 +159,7 @@ def load_gsm8k(
 
 def load_math500(*, limit: int | None = None, root: Path | None = None) -> list[Question]:
     """MATH-500 (``math/math500_test.jsonl``, the PRM800K test split); gold = the ``answer`` field."""
-    path = _resolve("math/math500_test.jsonl", root)
+    path = dataset_file("math500", root=root)
 
     def rows() -> Iterator[Question]:
         for _, row in _rows(path, ("problem", "answer", "unique_id")):
@@ -152,7 +181,7 @@ def load_math500(*, limit: int | None = None, root: Path | None = None) -> list[
 
 def load_math(*, limit: int | None = None, root: Path | None = None) -> list[Question]:
     """MATH test set (``math/math_test_5000.jsonl``); gold = the last ``\\boxed{}`` of ``solution``."""
-    path = _resolve("math/math_test_5000.jsonl", root)
+    path = dataset_file("math", root=root)
 
     def rows() -> Iterator[Question]:
         for index, (line_no, row) in enumerate(_rows(path, ("problem", "solution"))):
@@ -174,7 +203,7 @@ def load_gsm_plus(
     *, include_unanswerable: bool = False, limit: int | None = None, root: Path | None = None
 ) -> list[Question]:
     """GSM-Plus test-mini (``gsm_plus/gsmplus_testmini.jsonl``); ids keep the file's row number."""
-    path = _resolve("gsm_plus/gsmplus_testmini.jsonl", root)
+    path = dataset_file("gsm_plus", root=root)
 
     def rows() -> Iterator[Question]:
         for index, (_, row) in enumerate(_rows(path, ("question", "answer", "perturbation_type"))):
@@ -209,11 +238,17 @@ DATASETS: dict[str, Callable[..., list[Question]]] = {
 
 
 def load_questions(
-    dataset: str, *, limit: int | None = None, root: Path | None = None, **options: Any
+    dataset: str, *, limit: int | None = None, root: Path | None = None, split: str | None = None, **options: Any
 ) -> list[Question]:
-    """Load ``dataset`` (a key of :data:`DATASETS`), passing ``options`` such as ``split="train"``."""
-    try:
-        loader = DATASETS[dataset]
-    except KeyError:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(DATASETS)}") from None
-    return loader(limit=limit, root=root, **options)
+    """Load ``dataset`` (a key of :data:`DATASETS`), of ``split`` (one of its :data:`DATASET_FILES`),
+    passing ``options`` such as ``include_unanswerable=True``.
+
+    Raises:
+        ValueError: an unknown data set or split.
+        FileNotFoundError: its file is not in the shared data folder.
+    """
+    dataset_file(dataset, split, root=root)
+    # Only GSM8K's loader takes a split; the others have one, which dataset_file has just checked.
+    if split is not None and len(DATASET_FILES[dataset]) > 1:
+        options["split"] = split
+    return DATASETS[dataset](limit=limit, root=root, **options)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.backends.base import Generator
@@ -29,6 +29,7 @@ from prmloop.models.priority import PriorityWeights, Probe, priority, priority_s
 from prmloop.models.questions import Question
 from prmloop.producers.events import question_prioritized
 from prmloop.producers.sampler import SampleSettings, sample_question
+from prmloop.producers.sources import check_dataset, check_split
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled
 
 __all__ = [
@@ -55,7 +56,7 @@ class PrioritizeSettings(EngineSettings):
     model_config = SettingsConfigDict(env_prefix="PRMLOOP_PRIORITIZE_", frozen=True, extra="ignore")
 
     dataset: str | None = Field(
-        default=None, description="gsm8k, math500, math or gsm_plus (../shared/data), or arith (generated)"
+        default=None, description="arith (generated), or gsm8k, gsm_plus, math or math500 (../shared/data)"
     )
     file: Path | None = Field(default=None, description="JSONL questions: {id, problem, answer} per line")
     limit: int | None = Field(default=None, ge=1, description="only the first N questions")
@@ -81,6 +82,16 @@ class PrioritizeSettings(EngineSettings):
     )
     prm: Path | None = Field(default=None, description="a trained PRM's artifact directory (adds the PRM spread)")
     prefect: bool = Field(default=True, description="run as the Prefect flow `prioritize` (tasks, artifact)")
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str | None) -> str | None:
+        return check_dataset(value)
+
+    @field_validator("split")
+    @classmethod
+    def _known_split(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return check_split(info.data.get("dataset"), value)
 
     def weights(self) -> PriorityWeights:
         return PriorityWeights(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.answers import extract_answer
@@ -40,6 +40,7 @@ from prmloop.models.steps import split_completion, split_steps
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, answer_dispersion, mean_nll, perplexity, sequence_entropy
 from prmloop.producers.events import question_registered, solution_sampled
 from prmloop.producers.selection import SELECTION_STRATEGIES, Candidate, Selection, get_strategy
+from prmloop.producers.sources import check_dataset, check_split
 from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionUncertainty, deterministic_event_id
 
 __all__ = [
@@ -62,7 +63,7 @@ class SampleSettings(EngineSettings):
 
     dataset: str | None = Field(
         default=None,
-        description="gsm8k, math500, math or gsm_plus (from ../shared/data), or arith (generated, exact first errors)",
+        description="arith (generated, exact first errors), or gsm8k, gsm_plus, math or math500 (from ../shared/data)",
     )
     file: Path | None = Field(default=None, description="JSONL questions: {id, problem, answer} per line")
     from_queue: bool = Field(
@@ -105,6 +106,16 @@ class SampleSettings(EngineSettings):
     def _store_as_text(cls, value: object) -> object:
         """A DuckDB file's Path is accepted as its text (a DuckLake is text anyway)."""
         return str(value) if isinstance(value, Path) else value
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str | None) -> str | None:
+        return check_dataset(value)
+
+    @field_validator("split")
+    @classmethod
+    def _known_split(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return check_split(info.data.get("dataset"), value)
 
     @field_validator("strategy")
     @classmethod

@@ -14,18 +14,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from prmloop.models.arith import ARITH_DATASET
 from prmloop.models.jsonl import read_json_lines
-from prmloop.models.questions import Question, load_questions
+from prmloop.models.questions import DATASET_FILES, Question, dataset_file, load_questions
 
 __all__ = [
+    "DATASET_NAMES",
     "MAX_LINE_BYTES",
     "MAX_PROBLEM_CHARS",
     "QuestionFileError",
     "QuestionLine",
+    "check_dataset",
+    "check_source",
+    "check_split",
     "default_dataset",
     "load_source",
     "read_question_file",
 ]
+
+#: Every name ``--dataset`` takes: the generated arithmetic curriculum and the shared data sets.
+DATASET_NAMES: tuple[str, ...] = (ARITH_DATASET, *sorted(DATASET_FILES))
 
 #: A question line longer than this is refused (a real problem statement is a few kB).
 MAX_LINE_BYTES = 256 * 1024
@@ -118,6 +126,48 @@ def default_dataset(backend: str, model: str) -> str:
     (which solves about 1 GSM8K question in 160, so its labels would say nothing), whichever engine runs
     it (in process, or served by the machine's vLLM engine under the same name), GSM8K otherwise."""
     return "arith" if model == "smollm2" else "gsm8k"
+
+
+def check_dataset(dataset: str | None) -> str | None:
+    """``dataset`` if it is one of :data:`DATASET_NAMES` (or ``None``); a settings object's validator.
+
+    Raises:
+        ValueError: any other name, with every valid one.
+    """
+    if dataset is not None and dataset not in DATASET_NAMES:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASET_NAMES)}")
+    return dataset
+
+
+def check_split(dataset: str | None, split: str | None) -> str | None:
+    """``split`` if ``dataset`` has it (any split while no data set is named: a file or the queue ignores it).
+
+    Raises:
+        ValueError: a split the data set does not have, with the ones it has.
+    """
+    if split is None or dataset is None or dataset not in DATASET_NAMES:
+        return split
+    splits = tuple(DATASET_FILES.get(dataset, ()))
+    if split not in splits:
+        have = f"choose one of {', '.join(splits)}" if splits else "it is generated and has none; leave --split out"
+        raise ValueError(f"{dataset} has no split {split!r}; {have}")
+    return split
+
+
+def check_source(*, dataset: str | None = None, file: Path | None = None, split: str | None = None) -> None:
+    """Check, before any run starts, that the named question source can be read: a data set's file is
+    in the shared data folder, a question file exists.
+
+    Raises:
+        QuestionFileError: what is missing and what to do.
+    """
+    try:
+        if dataset is not None and dataset != ARITH_DATASET:
+            dataset_file(check_dataset(dataset) or dataset, check_split(dataset, split))
+    except (ValueError, FileNotFoundError) as exc:
+        raise QuestionFileError(str(exc)) from None
+    if file is not None and not Path(file).is_file():
+        raise QuestionFileError(f"question file {file} not found; give a JSONL file with one question per line")
 
 
 #: Questions taken from the prioritized queue when ``--from-queue`` is given no ``--limit``.

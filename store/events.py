@@ -8,6 +8,10 @@ older producer is upgraded by the chain of ``upcast_vN_vN+1`` functions register
 Producers forbid unknown fields (a typo is a bug and fails loudly); consumers ignore them (a newer
 producer may add an optional field before every consumer is upgraded). Both use the same classes:
 constructing a record in Python checks the field names, decoding JSON ignores the unknown ones.
+
+Every number and time has a type of :mod:`prmloop.store.bounds` (``Int32``, ``Count64``, ``Real``,
+``EventTime``, ``JsonData``, ...): what the store's columns and views hold, so an event the schema
+accepts can always be stored, read through every view and exported. New payloads use them too.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
 
 from pydantic import (
-    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     TypeAdapter,
     model_validator,
 )
+
+from prmloop.store.bounds import Count32, Count64, EventTime, Int32, Int64, JsonData, NonNegReal, Real
 
 __all__ = [
     "PAYLOAD_TYPES",
@@ -96,11 +101,11 @@ class ModelRef(Record):
 class SamplingSpec(Record):
     """Sampling parameters of a generation or rollout call."""
 
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_new_tokens: int = 512
-    seed: int | None = None
-    n: int = 1
+    temperature: Real = 0.7
+    top_p: Real = 1.0
+    max_new_tokens: Int64 = 512
+    seed: Int64 | None = None
+    n: Int64 = 1
     stop: tuple[str, ...] = ()
 
 
@@ -110,10 +115,10 @@ class SolutionUncertainty(Record):
     Per-step uncertainty u(s_t) is not here: the step scorer owns it (``StepsScored``).
     """
 
-    entropy: float | None = Field(default=None, description="UnPRM u = -sum z_i log z_i over the solution")
-    mean_nll: float | None = Field(default=None, description="mean negative log-likelihood per token")
-    perplexity: float | None = None
-    answer_dispersion: float | None = Field(
+    entropy: Real | None = Field(default=None, description="UnPRM u = -sum z_i log z_i over the solution")
+    mean_nll: Real | None = Field(default=None, description="mean negative log-likelihood per token")
+    perplexity: Real | None = None
+    answer_dispersion: Real | None = Field(
         default=None, description="entropy of the final-answer distribution across the k samples"
     )
 
@@ -121,21 +126,21 @@ class SolutionUncertainty(Record):
 class MCEstimate(Record):
     """One Monte-Carlo estimate of a state s_t (EpicPRM Eq. 1-2)."""
 
-    step_index: int = Field(ge=-1, description="-1 is the empty prefix s_0")
-    value: float
-    rollouts: int = Field(ge=0)
-    correct_rollouts: int = Field(ge=0)
+    step_index: Annotated[Int32, Field(ge=-1)] = Field(description="-1 is the empty prefix s_0")
+    value: Real
+    rollouts: Count64
+    correct_rollouts: Count64
     weighted: bool = Field(default=False, description="True for MC-PPL (perplexity-weighted), False for hard MC")
 
 
 class CostLedger(Record):
     """What a label cost: the figures the papers compare strategies by (EpicPRM Table 2)."""
 
-    verified_steps: int = Field(default=0, ge=0)
-    rollouts: int = Field(default=0, ge=0)
-    generated_tokens: int = Field(default=0, ge=0)
-    wall_time_s: float = Field(default=0.0, ge=0.0)
-    failures: dict[str, int] = Field(
+    verified_steps: Count64 = 0
+    rollouts: Count64 = 0
+    generated_tokens: Count64 = 0
+    wall_time_s: NonNegReal = 0.0
+    failures: dict[str, Count64] = Field(
         default_factory=dict, description="counted, never crashed on: max_tokens, unparseable, completer_error"
     )
 
@@ -165,7 +170,7 @@ class QuestionRegistered(Payload):
     problem: str
     gold_answer: str | None = None
     source: str | None = Field(default=None, description="file and line, or data set and index")
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, JsonData] = Field(default_factory=dict)
 
 
 class QuestionPrioritized(Payload):
@@ -173,9 +178,9 @@ class QuestionPrioritized(Payload):
     TOPIC: ClassVar[str] = "questions.prioritized"
 
     question_id: str
-    priority: float
-    round: int = Field(ge=0)
-    signals: dict[str, float] = Field(default_factory=dict, description="the uncertainty terms behind priority")
+    priority: Real
+    round: Count32
+    signals: dict[str, Real] = Field(default_factory=dict, description="the uncertainty terms behind priority")
     prm: ModelRef | None = None
 
 
@@ -193,10 +198,10 @@ class SolutionSampled(Payload):
     prompt_format: str = Field(description="step format: step_k, double_newline, chat")
     text: str
     steps: tuple[str, ...]
-    step_token_offsets: tuple[int, ...] | None = Field(
+    step_token_offsets: tuple[Int64, ...] | None = Field(
         default=None, description="token index where each step starts in the completion"
     )
-    token_logprobs: tuple[float, ...] | None = Field(
+    token_logprobs: tuple[Real, ...] | None = Field(
         default=None, description="log-prob of every generated token, or None when token_logprobs_ref is set"
     )
     token_logprobs_ref: str | None = Field(default=None, description="where large log-prob arrays are stored")
@@ -205,8 +210,8 @@ class SolutionSampled(Payload):
     gold_answer: str | None = None
     uncertainty: SolutionUncertainty | None = None
     selected_by: str | None = Field(default=None, description="selection strategy that kept this solution")
-    completion_tokens: int = Field(default=0, ge=0)
-    metadata: dict[str, Any] = Field(
+    completion_tokens: Count64 = 0
+    metadata: dict[str, JsonData] = Field(
         default_factory=dict, description="where an imported solution came from (file, its id, a reference label)"
     )
 
@@ -222,12 +227,12 @@ class StepsScored(Payload):
     solution_id: str
     question_id: str
     scorer: ModelRef
-    step_uncertainty: tuple[float, ...] | None = Field(
+    step_uncertainty: tuple[Real, ...] | None = Field(
         description="u(s_t) for t = 1..T; None: unknown (no log-probs and no model to teacher-force)"
     )
-    uncertainty_delta: tuple[float, ...] | None = Field(description="Δu(s_t) = u(s_t) - u(s_{t-1})")
-    step_order: tuple[int, ...] | None = Field(description="step indices by descending Δu (UnPRM Algorithm 1)")
-    temperature: float | None = Field(default=None, description="T of the softmax u was computed with")
+    uncertainty_delta: tuple[Real, ...] | None = Field(description="Δu(s_t) = u(s_t) - u(s_{t-1})")
+    step_order: tuple[Count32, ...] | None = Field(description="step indices by descending Δu (UnPRM Algorithm 1)")
+    temperature: Real | None = Field(default=None, description="T of the softmax u was computed with")
     source: str | None = Field(default=None, description="sampled (generator log-probs), teacher_forced or none")
     problem: str | None = None
     steps: tuple[str, ...] = ()
@@ -252,11 +257,11 @@ class SolutionSelected(Payload):
     reason: str = Field(description="the verdict in words: which step was least confident, and how")
     prm: ModelRef | None = Field(default=None, description="the ensemble PRM that decided; None: none promoted yet")
     rule: str = Field(default="actprm", description="actprm (both uncertainties), epistemic, aleatoric or none")
-    thresholds: dict[str, float] = Field(default_factory=dict, description="delta, std_max, tau")
-    score: float | None = Field(default=None, description="largest relative uncertainty of a checked step")
-    checked_steps: int = Field(default=0, ge=0, description="steps checked: through the first predicted error")
-    step_mean: tuple[float, ...] = Field(default=(), description="per step: the heads' mean P(correct)")
-    step_std: tuple[float, ...] = Field(default=(), description="per step: the heads' standard deviation")
+    thresholds: dict[str, Real] = Field(default_factory=dict, description="delta, std_max, tau")
+    score: Real | None = Field(default=None, description="largest relative uncertainty of a checked step")
+    checked_steps: Count32 = Field(default=0, description="steps checked: through the first predicted error")
+    step_mean: tuple[Real, ...] = Field(default=(), description="per step: the heads' mean P(correct)")
+    step_std: tuple[Real, ...] = Field(default=(), description="per step: the heads' standard deviation")
     scored: StepsScored
 
 
@@ -277,10 +282,10 @@ class StepsLabeled(Payload):
     solution_id: str
     question_id: str
     method: str = Field(description="sequential, binary, adaptive_binary, uncertainty_driven, all_correct, ...")
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, JsonData] = Field(default_factory=dict)
     labels: tuple[bool, ...]
-    soft_labels: tuple[float, ...] | None = None
-    first_error_step: int | None = Field(default=None, ge=0, description="0-based; None: every step correct")
+    soft_labels: tuple[Real, ...] | None = None
+    first_error_step: Count32 | None = Field(default=None, description="0-based; None: every step correct")
     mc_estimates: tuple[MCEstimate, ...] = ()
     completers: tuple[ModelRef, ...] = ()
     cost: CostLedger = Field(default_factory=CostLedger)
@@ -303,16 +308,16 @@ class StepJudgment(Record):
     split of the predictive entropy into epistemic and aleatoric parts (Eq. 9).
     """
 
-    step_index: int = Field(ge=0)
+    step_index: Count32
     has_error: bool | None = Field(description="None: the judgment was not valid JSON (never guessed)")
-    p_error: float | None = None
-    cot_entropy: float | None = None
-    cot_entropy_discrete: float | None = None
-    naive_entropy: float | None = None
-    epistemic: float | None = None
-    aleatoric: float | None = None
-    samples: int = Field(default=0, ge=0, description="high-temperature rationales drawn")
-    unparsed: int = Field(default=0, ge=0, description="of those, how many were not valid JSON")
+    p_error: Real | None = None
+    cot_entropy: Real | None = None
+    cot_entropy_discrete: Real | None = None
+    naive_entropy: Real | None = None
+    epistemic: Real | None = None
+    aleatoric: Real | None = None
+    samples: Count64 = Field(default=0, description="high-temperature rationales drawn")
+    unparsed: Count32 = Field(default=0, description="of those, how many were not valid JSON")
     rationale_digest: str | None = Field(default=None, description="sha256 of the prediction's rationale")
 
 
@@ -327,12 +332,12 @@ class StepsJudged(Payload):
     question_id: str
     judge: ModelRef
     method: str = Field(default="stepwise", description="stepwise (CoT judge per step) or critic (whole solution)")
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, JsonData] = Field(default_factory=dict)
     verdicts: tuple[bool | None, ...] = Field(
         description="per step, as labels are: True = no error found; None = not judged or no valid verdict"
     )
-    first_error_step: int | None = Field(default=None, ge=0, description="None: the judge found no error")
-    step_entropy: tuple[float | None, ...] | None = Field(default=None, description="CoT entropy per step")
+    first_error_step: Count32 | None = Field(default=None, description="None: the judge found no error")
+    step_entropy: tuple[Real | None, ...] | None = Field(default=None, description="CoT entropy per step")
     judgments: tuple[StepJudgment, ...] = ()
     cost: CostLedger = Field(default_factory=CostLedger)
 
@@ -341,7 +346,7 @@ class _ConsensusDecision(Payload):
     solution_id: str
     question_id: str
     labels: tuple[bool, ...]
-    first_error_step: int | None = Field(default=None, ge=0)
+    first_error_step: Count32 | None = None
     source_event_ids: tuple[uuid.UUID, ...] = Field(description="the labelled/judged events weighed")
     rule: str = Field(description="consensus rule and its parameters")
 
@@ -367,9 +372,9 @@ class ModelRegistered(Payload):
     base_model: ModelRef
     artifact_uri: str = Field(description="where the adapter or weights are stored")
     dataset_snapshot: str = Field(description="the query or hash of the training set")
-    train_examples: int = Field(ge=0)
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    train_examples: Count64
+    parameters: dict[str, JsonData] = Field(default_factory=dict)
+    metrics: dict[str, Real] = Field(default_factory=dict)
 
 
 class CalibrationFitted(Payload):
@@ -381,9 +386,9 @@ class CalibrationFitted(Payload):
     prm: str
     score_rule: str = Field(description="min, prod, last, ...")
     method: str = Field(description="logit, linear, kde, wrf, ...")
-    fit: dict[str, Any] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
+    fit: dict[str, JsonData] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
     calibration_split: str
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: dict[str, Real] = Field(default_factory=dict)
 
 
 AnyPayload: TypeAlias = Annotated[
@@ -424,8 +429,8 @@ class Envelope(Record):
 
     event_id: uuid.UUID
     event_type: str
-    schema_version: int = Field(ge=1)
-    occurred_at: AwareDatetime
+    schema_version: Annotated[Int32, Field(ge=1)]
+    occurred_at: EventTime
     producer: str = Field(description="service name and version, e.g. prmloop-sample/0.1.0")
     causation_id: uuid.UUID | None = Field(default=None, description="the event this one reacts to")
     correlation_id: str = Field(description="the question or solution this concerns; the Kafka key")

@@ -9,6 +9,12 @@ replaced, say so in their logs, and reconnect to the new one. A client given
 ``KAFKA_BOOTSTRAP_SERVERS`` follows nothing: a real cluster keeps its address and its data, and
 kafka-python reconnects to it by itself.
 
+Brokers of a cluster on durable storage (:mod:`prmloop.store.broker`) each advertise only
+themselves, and kafka-python never goes back to its bootstrap list once it knows a broker: a client
+given several addresses (``KAFKA_BOOTSTRAP_SERVERS=a:1,b:2``) keeps a watch with those ``peers``, and
+when the broker it reads from stops answering it moves to one that answers (same cluster, same
+topics, same committed offsets: nothing is reread or lost).
+
 A following consumer runtime also keeps a :class:`BrokerLink` record under
 ``$PRMLOOP_HOME/run/links/`` (service, pid, the broker it reads from, whether that broker answers) so
 that ``prmloop status`` can say which service is connected to which broker.
@@ -43,12 +49,17 @@ class BrokerChange:
     broker: BrokerInfo
     previous: BrokerInfo
 
+    #: The move is to another broker of the same cluster (a peer), not to a replacement in broker.json.
+    peer: bool = False
+
     def message(self) -> str:
         """What a client logs about the change."""
         if self.kind == "gone":
             return f"the broker {self.broker.describe()} is gone; waiting for it, or for a new one in broker.json"
         if self.kind == "back":
             return f"the broker {self.broker.describe()} answers again"
+        if self.peer:
+            return f"the broker {self.previous.bootstrap_servers} is gone: moving to {self.broker.bootstrap_servers}"
         return f"the broker was replaced: {self.previous.describe()} -> {self.broker.describe()} (broker.json)"
 
 
@@ -61,10 +72,14 @@ class BrokerWatch:
     tried again at the next check.
     """
 
-    def __init__(self, current: BrokerInfo, state: StateSettings, *, interval_s: float = 1.0) -> None:
+    def __init__(
+        self, current: BrokerInfo, state: StateSettings, *, interval_s: float = 1.0, peers: tuple[str, ...] = ()
+    ) -> None:
         self.current = current
         self.state = state
         self.interval_s = interval_s
+        #: The addresses of a cluster's brokers (empty: follow broker.json instead).
+        self.peers = peers
         self.reachable = True
         self._next_check = time.monotonic() + interval_s
 
@@ -79,7 +94,12 @@ class BrokerWatch:
     ) -> BrokerWatch | None:
         """A watch when ``bootstrap_servers`` is an embedded broker found in ``broker.json`` (by this
         process, or named there now), else None (``KAFKA_BOOTSTRAP_SERVERS`` is set, or the address came
-        from elsewhere: a test's own broker)."""
+        from elsewhere: a test's own broker). Several addresses (a cluster): a watch over those peers,
+        starting on the first that answers."""
+        peers = tuple(a.strip() for a in bootstrap_servers.split(",") if a.strip())
+        if len(peers) > 1:
+            live = next((a for a in peers if _answers(a)), peers[0])
+            return cls(BrokerInfo(live), state or StateSettings(), interval_s=interval_s, peers=peers)
         if (kafka or KafkaSettings()).bootstrap_servers:
             return None
         found = found_in_broker_file(bootstrap_servers)
@@ -97,10 +117,23 @@ class BrokerWatch:
         if not force and now < self._next_check:
             return None
         self._next_check = now + self.interval_s
+        if self.peers:
+            return self._check_peers()
         named = read_broker_file(self.state)
         if named is not None and _identity(named) != _identity(self.current) and named.reachable:
             return BrokerChange("moved", named, self.current)
         reachable = self.current.reachable
+        if reachable == self.reachable:
+            return None
+        self.reachable = reachable
+        return BrokerChange("back" if reachable else "gone", self.current, self.current)
+
+    def _check_peers(self) -> BrokerChange | None:
+        reachable = self.current.reachable
+        if not reachable:
+            live = next((a for a in self.peers if a != self.current.bootstrap_servers and _answers(a)), None)
+            if live is not None:
+                return BrokerChange("moved", BrokerInfo(live, self.current.cluster_id), self.current, peer=True)
         if reachable == self.reachable:
             return None
         self.reachable = reachable
@@ -119,6 +152,10 @@ class BrokerWatch:
         """The caller is connected to ``broker`` now."""
         self.current = broker
         self.reachable = True
+
+
+def _answers(address: str) -> bool:
+    return BrokerInfo(address).reachable
 
 
 def _identity(info: BrokerInfo) -> tuple[str, str | None]:

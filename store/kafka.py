@@ -177,7 +177,10 @@ class EventProducer:
         old, self._producer = self._producer, producer
         self.bootstrap_servers = change.broker.bootstrap_servers
         self._watch.follow(change.broker)
-        old.close(timeout=0)
+        try:
+            old.close(timeout=0)
+        except KafkaError as exc:  # batches for the dead broker never complete: they go to the new one
+            log.debug("producer: closing the client of %s: %r", change.previous.describe(), exc)
         return True
 
     def publish(self, events: Iterable[Envelope]) -> int:

@@ -16,6 +16,8 @@ The same schema as the DuckDB file, adapted to what DuckLake has and lacks:
   newest per partition.
 - The projections are the same views as on the DuckDB file (``projections.sql``).
 
+Where the catalog is and as which PostgreSQL role writers and readers reach it: store/lake_catalog.py.
+
 The extensions come from Python packages (``duckdb-extension-ducklake``, ``-postgres-scanner``),
 built for the pinned DuckDB version: nothing is downloaded.
 """
@@ -24,24 +26,58 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
-import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import duckdb
 import pyarrow as pa
 
-from prmloop.store.poison import TransientError
+from prmloop.store.lake_catalog import (
+    LAKE_PREFIX,
+    LakeError,
+    LakeStore,
+    ReaderRoleError,
+    check_reader_role,
+    conninfo,
+    is_lake_spec,
+    local_postgres,
+    parse_lake,
+    pgserver_folders,
+)
 
-LAKE_PREFIX = "ducklake:"
+__all__ = [  # with what store/lake_catalog.py defines, re-exported: importers of this module need it
+    "ALIAS",
+    "CONFLICT_COLUMNS_SQL",
+    "EVENT_COLUMNS_SQL",
+    "LAKE_PREFIX",
+    "METADATA_CATALOG",
+    "SCHEMA_SQL",
+    "STALE_CONFLICTS_WHERE",
+    "LakeError",
+    "LakeEventStore",
+    "LakeStore",
+    "ReaderRoleError",
+    "compact",
+    "drop_stale_conflicts",
+    "ensure_schema",
+    "extension_file",
+    "fact_sql",
+    "is_conflict",
+    "is_lake_spec",
+    "local_postgres",
+    "open_lake",
+    "parse_lake",
+    "retrying",
+]
+
 ALIAS = "lake"
+#: The PostgreSQL database DuckLake attaches for the catalog (the name ``prmloop sql`` must not reach).
+METADATA_CATALOG = f"__ducklake_metadata_{ALIAS}"
 
 T = TypeVar("T")
 
@@ -102,56 +138,38 @@ FROM sink_offsets_log GROUP BY ALL;
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
 
-class LakeError(TransientError):
-    """The lake cannot be reached or set up: one line naming the catalog and what to do. Transient
-    for the sink (it retries the batch with backoff: a catalog restarting is not a reason to exit)."""
+def fact_sql(alias: str) -> str:
+    """What makes two records with one ``event_id`` the same fact: the event type, the schema version
+    and the payload (as JSON text normalised by DuckDB). The envelope's producer, time and cause are
+    not part of it: the same fact published by two producers (``sample`` and ``prioritize`` both
+    register a question under its deterministic id) is a redelivery, not a conflict."""
+    a = alias
+    return _fact(f"{a}.event_type", f"{a}.schema_version", f"{a}.payload")
 
 
-@dataclass(frozen=True)
-class LakeStore:
-    """Where a DuckLake lives: ``catalog`` is ``postgres:<libpq conninfo>`` (a PostgreSQL server) or
-    ``pgserver:<directory>`` (a local PostgreSQL that prmloop starts there); ``data_path`` holds the
-    Parquet files."""
-
-    catalog: str
-    data_path: Path
-
-    @property
-    def spec(self) -> str:
-        """The ``ducklake:...#data=...`` text :func:`parse_lake` reads back (passwords included)."""
-        return f"{LAKE_PREFIX}{self.catalog}#data={self.data_path}"
-
-    def __str__(self) -> str:
-        """For logs and messages: the spec with any password masked."""
-        return re.sub(r"(password=)\S+", r"\1***", self.spec)
+def _fact(event_type: str, schema_version: str, payload: str) -> str:
+    return f"concat_ws(chr(31), {event_type}, CAST({schema_version} AS VARCHAR), CAST({payload} AS VARCHAR))"
 
 
-def is_lake_spec(value: object) -> bool:
-    return isinstance(value, str | LakeStore) and str(value).startswith(LAKE_PREFIX)
+#: Rows an older sink added to ``conflicts`` for what is a redelivery by :func:`fact_sql` (it compared
+#: the whole envelope): the kept record's fact equals the stored event's.
+_STALE_CONFLICT_FACT = _fact(
+    "c.event_type",
+    "CAST(json_extract(c.body, '$.schema_version') AS INTEGER)",
+    "CAST(json_extract(c.body, '$.payload') AS JSON)",
+)
+STALE_CONFLICTS_WHERE = f"""EXISTS (
+    SELECT 1 FROM events e WHERE e.event_id = c.event_id AND {fact_sql("e")} = {_STALE_CONFLICT_FACT})"""
 
 
-def parse_lake(spec: str, *, default_data_path: Path) -> LakeStore:
-    """``ducklake:postgres:<conninfo>`` or ``ducklake:pgserver:<dir>``, with an optional data path
-    after ``#data=`` (else ``default_data_path``). Clear one-line errors otherwise."""
-    if not spec.startswith(LAKE_PREFIX):
-        raise ValueError(
-            f"not a DuckLake store: {spec!r}; write ducklake:pgserver:<dir> or ducklake:postgres:<conninfo>"
-        )
-    rest = spec[len(LAKE_PREFIX) :]
-    data_path = default_data_path
-    if "#data=" in rest:
-        rest, _, data = rest.partition("#data=")
-        data_path = Path(data).expanduser()
-    kind, _, where = rest.partition(":")
-    if kind not in ("postgres", "pgserver") or not where.strip():
-        raise ValueError(
-            f"PRMLOOP_STORE={spec!r}: the catalog must be postgres:<libpq conninfo> "
-            "(e.g. ducklake:postgres:dbname=prmloop host=db user=prmloop) or pgserver:<directory> "
-            "(a local PostgreSQL, e.g. ducklake:pgserver:~/.prmloop/lake/pg)"
-        )
-    if kind == "pgserver":
-        where = str(Path(where).expanduser().resolve())
-    return LakeStore(f"{kind}:{where}", data_path.resolve())
+def drop_stale_conflicts(con: duckdb.DuckDBPyConnection) -> int:
+    """Delete the rows :data:`STALE_CONFLICTS_WHERE` finds (counted first: a lake commits nothing when
+    there are none); returns how many."""
+    row = con.execute(f"SELECT count(*) FROM conflicts c WHERE {STALE_CONFLICTS_WHERE}").fetchone()
+    stale = int(row[0]) if row else 0
+    if stale:
+        con.execute(f"DELETE FROM conflicts c WHERE {STALE_CONFLICTS_WHERE}")
+    return stale
 
 
 def extension_file(package: str, name: str) -> str:
@@ -173,57 +191,41 @@ def extension_file(package: str, name: str) -> str:
     return str(path)
 
 
-_servers: dict[str, Any] = {}
-_servers_lock = threading.Lock()
-
-
-def local_postgres(directory: str | Path) -> Any:
-    """A handle on the ``pgserver`` PostgreSQL in ``directory`` (started if needed; it stops when the
-    last process holding a handle exits or calls ``cleanup()``)."""
-    try:
-        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
-            warnings.simplefilter("ignore")
-            import pgserver
-    except ImportError as exc:
-        raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
-    Path(directory).parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return pgserver.get_server(directory, cleanup_mode="stop")
-
-
-def _pgserver_conninfo(directory: str) -> str:
-    """Start (or join) the local PostgreSQL in ``directory``; it stops when its last user exits."""
-    with _servers_lock:
-        server = _servers.get(directory)
-        if server is None:
-            server = local_postgres(directory)
-            _servers[directory] = server
-        uri = server.get_uri()
-    host = re.search(r"host=([^&]+)", uri)
-    return f"dbname=postgres user=postgres host={host.group(1) if host else directory}"
-
-
-def conninfo(store: LakeStore) -> str:
-    kind, _, where = store.catalog.partition(":")
-    return _pgserver_conninfo(where) if kind == "pgserver" else where
-
-
 def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool) -> None:
+    """Attach ``store`` as :data:`ALIAS` and use it; readers reach the catalog as the reader role."""
     con.execute(f"LOAD '{extension_file('duckdb_extension_postgres_scanner', 'postgres_scanner')}'")
     con.execute(f"LOAD '{extension_file('duckdb_extension_ducklake', 'ducklake')}'")
+    kind, _, where = store.catalog.partition(":")
+    if kind == "pgserver":
+        folder = pgserver_folders(Path(where))[0]
+        if store.data_path == folder or folder in store.data_path.parents:
+            raise LakeError(
+                f"the DuckLake data folder {store.data_path} is inside the catalog's PostgreSQL folder {folder}: "
+                "PostgreSQL needs that folder for itself; give #data= a folder outside it"
+            )
     store.data_path.mkdir(parents=True, exist_ok=True)
     options = f"DATA_PATH '{_quote(str(store.data_path))}'" + (", READ_ONLY" if read_only else "")
-    target = _quote(f"ducklake:postgres:{conninfo(store)}")
-    try:
-        con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
-    except duckdb.Error as exc:
-        if read_only and "does not exist" in str(exc):
-            raise FileNotFoundError(
-                f"no prmloop store in {store} yet: start `prmloop sink` with the same PRMLOOP_STORE (it creates it)"
-            ) from exc
-        raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
+    target = _quote(f"ducklake:postgres:{conninfo(store, reader=read_only)}")
+    for attempt in range(5):
+        try:
+            con.execute(f"ATTACH '{target}' AS {ALIAS} ({options})")
+            break
+        except duckdb.Error as exc:
+            # Two sinks starting at once both create the catalog's tables; the loser sees PostgreSQL's
+            # duplicate-key error, and finds the winner's catalog when it attaches again.
+            if "duplicate key value" in str(exc) and attempt < 4:
+                time.sleep(0.5 * (attempt + 1))
+                continue
+            _attach_failed(exc, store, read_only=read_only)
     con.execute(f"USE {ALIAS}")
+
+
+def _attach_failed(exc: duckdb.Error, store: LakeStore, *, read_only: bool) -> NoReturn:
+    if read_only and "does not exist" in str(exc):
+        raise FileNotFoundError(
+            f"no prmloop store in {store} yet: start `prmloop sink` with the same PRMLOOP_STORE (it creates it)"
+        ) from exc
+    raise LakeError(f"cannot attach the DuckLake catalog {store}: {_one_line(exc)}") from exc
 
 
 def _quote(text: str) -> str:
@@ -255,13 +257,16 @@ def retrying(action: Callable[[], T], *, attempts: int = 20, what: str = "the la
 
 
 @contextmanager
-def open_lake(store: LakeStore, *, read_only: bool) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection with the lake attached and selected. Readers get no file, network or extension
-    access beyond the lake itself, and cannot switch it back on."""
+    access beyond the lake itself, and cannot switch it back on. ``sandboxed`` (a reader running
+    someone's SQL) also refuses a catalog role that can do more than read (:class:`ReaderRoleError`)."""
     con = duckdb.connect(config=dict(_BASE_CONFIG))
     try:
         _attach(con, store, read_only=read_only)
         if read_only:
+            if sandboxed:
+                check_reader_role(con, METADATA_CATALOG, store)
             # The lake's Parquet files stay readable; nothing else on the file system or network is.
             con.execute(f"SET allowed_directories = ['{_quote(str(store.data_path))}/']")
             con.execute("SET enable_external_access = false")
@@ -280,6 +285,7 @@ def ensure_schema(store: LakeStore, projections: str) -> None:
             con.execute("BEGIN TRANSACTION")
             con.execute(SCHEMA_SQL)
             con.execute(projections)
+            drop_stale_conflicts(con)
             con.execute("COMMIT")
 
     retrying(create, what="creating the lake's tables")
@@ -296,7 +302,7 @@ WHERE s.rn = 1 AND s.event_id NOT IN (SELECT event_id FROM events_log WHERE even
 """
 
 
-def _conflicts_sql(content: Callable[[str], str]) -> str:
+def _conflicts_sql(content: Callable[[str], str] = fact_sql) -> str:
     return f"""
 INSERT INTO conflicts
 SELECT s.event_id, s.event_type, s.topic, s.kafka_partition, s.kafka_offset, s.body,
@@ -339,10 +345,10 @@ class LakeEventStore:
             self._con = None
 
     def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
-        from prmloop.store.duck import WriteResult, content_sql, stage_sql
+        from prmloop.store.duck import WriteResult, stage_sql
 
         t0 = time.monotonic()
-        conflicts_sql = _conflicts_sql(content_sql)
+        conflicts_sql = _conflicts_sql()
         off = pa.table(
             {
                 "topic": pa.array([o[0] for o in offsets], pa.string()),

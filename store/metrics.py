@@ -29,14 +29,38 @@ FROM cost_ledger GROUP BY 1
 """
 
 
+#: The loop's learning curve: each registered ensemble PRM (one per retrain round) with its held-out
+#: F1, the labels it trained on, and what the loop had spent and skipped by the time it was registered.
+_LEARNING = """
+SELECT m.model_id,
+       m.registered_at,
+       m.train_examples,
+       TRY_CAST(m.metrics->>'heldout_f1' AS DOUBLE) AS heldout_f1,
+       m.promoted,
+       (SELECT coalesce(sum(completion_tokens), 0) FROM solutions s WHERE s.sampled_at <= m.registered_at)
+         + (SELECT coalesce(sum(generated_tokens), 0) FROM cost_ledger c WHERE c.occurred_at <= m.registered_at)
+         AS generated_tokens,
+       (SELECT count(*) FROM consensus d WHERE d.decision = 'accepted' AND d.occurred_at <= m.registered_at)
+         AS accepted_labels,
+       (SELECT count(*) FROM selections x WHERE x.decision = 'skip' AND x.occurred_at <= m.registered_at)
+         AS skipped
+FROM model_versions m
+WHERE m.kind = 'prm_ensemble'
+ORDER BY m.registered_at
+"""
+
+_MODEL_FIELDS = ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")
+
+
 def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(con.execute(sql).fetchall())
 
 
 def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
-    tokens per accepted label (annotation plus judging, sampling excluded), the current PRM and the
-    latest calibration."""
+    tokens per accepted label (annotation plus judging, sampling excluded), the learning curve (each
+    ensemble PRM's held-out F1 next to the labels and tokens spent by then), the PRM and the ensemble
+    PRM in force (the newest promoted of each kind) and the latest calibration."""
     with open_reader(db, timeout_s=timeout_s) as (con, _):
         per_hour = [
             {"hour": str(h), "solutions": s, "labels": lab, "judged": j, "accepted": a, "rejected": r, "events": e}
@@ -47,11 +71,24 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             source: {"tokens": int(t), "rollouts": int(r), "events": int(n)} for source, t, r, n in _rows(con, _COST)
         }
         sampled = _rows(con, "SELECT coalesce(sum(completion_tokens), 0), count(*) FROM solutions")[0]
-        prm = _rows(
-            con,
-            "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
-            "WHERE kind = 'prm' ORDER BY registered_at DESC LIMIT 1",
-        )
+        # The PRMs in force (newest promoted of each kind), not merely the newest registered.
+        in_force = "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
+        prm = _rows(con, in_force + "WHERE kind = 'prm' AND in_force")
+        ensemble = _rows(con, in_force + "WHERE kind = 'prm_ensemble' AND in_force")
+        learning = [
+            {
+                "round": i,
+                "model_id": model,
+                "registered_at": str(at),
+                "train_solutions": int(n or 0),
+                "heldout_f1": f1,
+                "promoted": bool(promoted),
+                "generated_tokens": int(tokens),
+                "accepted_labels": int(accepted),
+                "skipped": int(skipped),
+            }
+            for i, (model, at, n, f1, promoted, tokens, accepted, skipped) in enumerate(_rows(con, _LEARNING))
+        ]
         calibration = _rows(
             con,
             "SELECT calibration_id, prm, score_rule, method, metrics, fitted_at FROM calibrations "
@@ -69,7 +106,9 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
         "solutions": int(sampled[1]),
         "tokens_per_accepted_label": label_tokens / accepted if accepted else None,
         "cost_by_source": cost,
-        "current_prm": _record(prm, ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")),
+        "learning": learning,
+        "current_prm": _record(prm, _MODEL_FIELDS),
+        "current_prm_ensemble": _record(ensemble, _MODEL_FIELDS),
         "calibration": _record(calibration, ("calibration_id", "prm", "score_rule", "method", "metrics", "fitted_at")),
     }
 

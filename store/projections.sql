@@ -164,19 +164,31 @@ SELECT
 FROM events
 WHERE event_type IN ('StepsLabeled', 'StepsJudged');
 
+-- `promoted`: the registry's decision when the model was registered (its metric was not worse than
+-- the model then in force); `in_force`: the newest promoted model of its kind, the one the loop uses
+-- now (store/registry.py current_model reads it here). Several models of a kind may have been promoted.
 CREATE OR REPLACE VIEW model_versions AS
 SELECT
-    payload->>'model_id' AS model_id,
-    payload->>'kind' AS kind,
-    payload->'base_model'->>'name' AS base_model,
-    payload->>'artifact_uri' AS artifact_uri,
-    payload->>'dataset_snapshot' AS dataset_snapshot,
-    CAST(payload->>'train_examples' AS BIGINT) AS train_examples,
-    payload->'metrics' AS metrics,
-    occurred_at AS registered_at,
-    event_id
-FROM events
-WHERE event_type = 'ModelRegistered';
+    *,
+    promoted AND row_number() OVER (
+        PARTITION BY kind, promoted ORDER BY registered_at DESC, event_id DESC
+    ) = 1 AS in_force
+FROM (
+    SELECT
+        payload->>'model_id' AS model_id,
+        payload->>'kind' AS kind,
+        coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) AS promoted,
+        payload->'parameters'->>'decision' AS decision,
+        payload->'base_model'->>'name' AS base_model,
+        payload->>'artifact_uri' AS artifact_uri,
+        payload->>'dataset_snapshot' AS dataset_snapshot,
+        CAST(payload->>'train_examples' AS BIGINT) AS train_examples,
+        payload->'metrics' AS metrics,
+        occurred_at AS registered_at,
+        event_id
+    FROM events
+    WHERE event_type = 'ModelRegistered'
+);
 
 CREATE OR REPLACE VIEW calibrations AS
 SELECT

@@ -12,9 +12,13 @@ from typing import Any, Literal
 from prmloop.store.duck import StoreLocation, query, store_exists
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 
-__all__ = ["artifact_digest", "current_model", "model_registered", "should_promote"]
+__all__ = ["PROMOTION_METRIC", "artifact_digest", "current_model", "model_registered", "should_promote"]
 
 PRODUCER = "prmloop-registry/0.1.0"
+
+#: The metric each PRM kind is promoted by: the LoRA PRM's ProcessBench GSM8K F1, the ensemble's
+#: held-out F1 (higher is better for both).
+PROMOTION_METRIC: dict[str, str] = {"prm": "processbench_gsm8k_f1", "prm_ensemble": "heldout_f1"}
 
 
 def artifact_digest(path: Path) -> str:
@@ -28,14 +32,13 @@ def artifact_digest(path: Path) -> str:
 
 
 def current_model(db: StoreLocation, kind: str = "prm") -> dict[str, Any] | None:
-    """The newest promoted model of ``kind`` in the store (``None``: none yet, or no store)."""
+    """The model of ``kind`` in force: the newest promoted one, as the ``model_versions`` view marks it
+    (``None``: none yet, or no store)."""
     if not store_exists(db):
         return None
     rows = query(
         db,
-        "SELECT payload FROM events WHERE event_type = 'ModelRegistered' AND (payload->>'kind') = ? "
-        "AND coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) "
-        "ORDER BY occurred_at DESC LIMIT 1",
+        "SELECT e.payload FROM model_versions m JOIN events e USING (event_id) WHERE m.kind = ? AND m.in_force",
         [kind],
     ).rows
     if not rows:
@@ -45,18 +48,21 @@ def current_model(db: StoreLocation, kind: str = "prm") -> dict[str, Any] | None
 
 
 def should_promote(candidate: dict[str, float], current: dict[str, Any] | None, metric: str) -> tuple[bool, str]:
-    """``(promote, why)``: promote when there is no current model or the metric is not worse."""
+    """``(promote, why)``: promote when there is no current model or the metric is not worse.
+
+    ``why`` starts with ``promoted:`` or ``not promoted:``, so it reads right wherever it is printed alone."""
     value = candidate.get(metric)
     if value is None:
-        return False, f"the candidate has no {metric}"
+        return False, f"not promoted: the candidate has no {metric}"
     if current is None:
-        return True, "no promoted model yet"
+        return True, "promoted: the first of its kind (no model was in force)"
     previous = (current.get("metrics") or {}).get(metric)
+    model = current.get("model_id")
     if previous is None:
-        return True, f"the current model has no {metric}"
+        return True, f"promoted: the model in force ({model}) has no {metric}"
     if value >= previous:
-        return True, f"{metric} {value:.4g} >= current {previous:.4g}"
-    return False, f"{metric} {value:.4g} < current {previous:.4g} (model {current.get('model_id')})"
+        return True, f"promoted: {metric} {value:.4g} >= {previous:.4g} of the model in force ({model})"
+    return False, f"not promoted: {metric} {value:.4g} < {previous:.4g} of the model in force ({model})"
 
 
 def model_registered(

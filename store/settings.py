@@ -61,9 +61,14 @@ class StateSettings(BaseSettings):
 
     home: Path = Field(default=Path.home() / ".prmloop", description="PRMLOOP_HOME")
     #: ``PRMLOOP_STORE``: unset (the DuckDB file in home), a DuckDB file's path, or a DuckLake:
-    #: ``ducklake:pgserver:<dir>`` (a local PostgreSQL catalog) or ``ducklake:postgres:<conninfo>``,
-    #: optionally followed by ``#data=<dir>`` (default ``$PRMLOOP_HOME/lake/data``).
+    #: ``ducklake:pgserver:<dir>`` (a local PostgreSQL catalog in ``<dir>/catalog``, data in
+    #: ``<dir>/data``) or ``ducklake:postgres:<conninfo>`` (optionally ``#reader=<libpq keywords>``:
+    #: how readers connect), optionally followed by ``#data=<dir>`` (default for a PostgreSQL server:
+    #: ``$PRMLOOP_HOME/lake/data``).
     store: str | None = Field(default=None, description="PRMLOOP_STORE")
+    #: ``PRMLOOP_BROKER_STORAGE``: where ``prmloop broker`` keeps topics: ``memory``, ``postgres`` (a
+    #: PostgreSQL of its own) or a ``postgresql://`` URL (see :func:`prmloop.store.postgres.resolve_storage`).
+    broker_storage: str = Field(default="memory", description="PRMLOOP_BROKER_STORAGE")
 
     @property
     def db_path(self) -> Path:

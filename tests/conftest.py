@@ -74,15 +74,21 @@ def postgres_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     directory = tmp_path_factory.mktemp("pg") / "data"
     server = pgserver.get_server(directory, cleanup_mode="stop")
+    server.psql(f"CREATE ROLE {LAKE_READER} LOGIN;")
     try:
         yield str(directory)
     finally:
         server.cleanup()
 
 
+#: The role readers of :func:`lake_store` connect as: set up as README tells an administrator to.
+LAKE_READER = "prmloop_test_reader"
+
+
 @pytest.fixture
 def lake_store(postgres_catalog: str, tmp_path: Path) -> LakeStore:
-    """A fresh, empty DuckLake: its own PostgreSQL database as catalog, Parquet under ``tmp_path``."""
+    """A fresh, empty DuckLake: its own PostgreSQL database as catalog (sinks as the owner, readers
+    as :data:`LAKE_READER`, which may only SELECT its tables), Parquet under ``tmp_path``."""
     import uuid
 
     import pgserver
@@ -90,8 +96,15 @@ def lake_store(postgres_catalog: str, tmp_path: Path) -> LakeStore:
     from prmloop.store.lake import LakeStore
 
     name = f"lake_{uuid.uuid4().hex[:12]}"
-    pgserver.get_server(postgres_catalog, cleanup_mode="stop").psql(f"CREATE DATABASE {name};")
-    return LakeStore(f"postgres:dbname={name} user=postgres host={postgres_catalog}", tmp_path / "lake-data")
+    pgserver.get_server(postgres_catalog, cleanup_mode="stop").psql(
+        f"CREATE DATABASE {name};\n\\c {name}\n"
+        f"ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public GRANT SELECT ON TABLES TO {LAKE_READER};\n"
+    )
+    return LakeStore(
+        f"postgres:dbname={name} user=postgres host={postgres_catalog}",
+        tmp_path / "lake-data",
+        reader=f"user={LAKE_READER}",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,18 @@ def _settings_env_names() -> set[str]:
 
 def test_compose_has_the_services_a_cluster_needs() -> None:
     services = _compose()["services"]
-    for name in ("kafka", "postgres", "prefect-server", "vllm-0", "scorer", "selector", "annotator", "judge", "consensus", "sink"):
+    for name in (
+        "kafka",
+        "postgres",
+        "prefect-server",
+        "vllm-0",
+        "scorer",
+        "selector",
+        "annotator",
+        "judge",
+        "consensus",
+        "sink",
+    ):
         assert name in services, name
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     assert "postgresql+asyncpg://" in services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
@@ -129,3 +140,37 @@ def test_prefect_deployments_point_at_real_flows_with_valid_parameters() -> None
         flow = getattr(module, name)
         assert isinstance(flow, Flow), deployment.entrypoint
         flow.validate_parameters(deployment.parameters)  # raises on an unknown or mistyped parameter
+
+
+def _replicas(service: dict[str, Any]) -> int:
+    value = service.get("deploy", {}).get("replicas", 1)
+    match = re.fullmatch(r"\$\{\w+:-(\d+)\}", str(value))
+    return int(match.group(1)) if match else int(value)
+
+
+def test_compose_runs_the_topology_that_up_cluster_runs() -> None:
+    """infra/docker-compose.yml and `prmloop up --cluster` start the same prmloop services, with the same
+    commands, environment variables and replicas (flows/topology.py is the one description)."""
+    from prmloop.flows.topology import APP_SERVICES, ENGINE_VARIABLES, SHARED_VARIABLES
+
+    compose = _prmloop_services()
+    assert set(compose) == {s.name for s in APP_SERVICES}
+    for service in APP_SERVICES:
+        spec = compose[service.name]
+        assert spec.get("entrypoint", ["prmloop"]) == [service.entrypoint], service.name
+        assert tuple(spec["command"]) == service.command, service.name
+        assert _replicas(spec) == service.replicas, service.name
+        assert set(spec.get("environment", _compose()["x-prmloop"]["environment"])) == {
+            *SHARED_VARIABLES,
+            *service.environment,
+        }, service.name
+        assert set(service.engine) <= set(ENGINE_VARIABLES)
+
+
+def test_the_topology_check_would_catch_a_drift() -> None:
+    from prmloop.flows.topology import APP_SERVICES
+
+    compose = _prmloop_services()
+    compose["judge"]["deploy"]["replicas"] = "${PRMLOOP_JUDGE_REPLICAS:-1}"
+    judge = next(s for s in APP_SERVICES if s.name == "judge")
+    assert _replicas(compose["judge"]) != judge.replicas

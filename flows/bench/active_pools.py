@@ -125,12 +125,11 @@ def _sample_arith(
         while done.get(level, 0) < questions:
             first = done.get(level, 0)
             if engine[0] is None:
-                say("loading the embedded SmolLM2 to sample the curriculum pool (once; kept in the cache)")
+                say("sampling curriculum solutions with the embedded SmolLM2 (once; kept in the cache)")
                 from prmloop.models.backends.registry import BackendConfig, build_backend
 
-                engine[0] = build_backend(
-                    BackendConfig(backend="transformers", model="smollm2", options={"num_threads": threads})
-                )
+                options = {"num_threads": threads} if threads else {}
+                engine[0] = build_backend(BackendConfig(backend="transformers", model="smollm2", options=options))
             tick = time.perf_counter()
             result = measure_arith_levels(
                 [level],
@@ -297,9 +296,7 @@ def _gold(item: PoolItem) -> str:
     from prmloop.models.arith import generate_question
 
     _, level, seed, index = item.question.split("/")
-    gold = generate_question(int(level.removeprefix("L")), int(seed), int(index)).gold_answer
-    assert gold is not None
-    return gold
+    return str(generate_question(int(level.removeprefix("L")), int(seed), int(index)).answer)
 
 
 def build_pool(

@@ -13,7 +13,7 @@ import sys
 from pydantic import ValidationError
 
 from prmloop.flows.cli import bench, evals, pipeline, prm, stack, store
-from prmloop.flows.cli.app import app, err
+from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
 from prmloop.store.codec import PublishError
@@ -46,9 +46,7 @@ def main() -> None:
 
 def _error(message: str) -> None:
     """One line on stderr, never wrapped, data never read as markup; exit code 2."""
-    line = " ".join(message.split())
-    err.print("[bold red]error:[/] ", end="", soft_wrap=True)
-    err.print(line, markup=False, highlight=False, soft_wrap=True)
+    print_error(message)
     sys.exit(2)
 
 

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -18,7 +18,17 @@ from prmloop.store.duck import locate
 from prmloop.store.lake import is_lake_spec
 from prmloop.store.settings import StateSettings
 
-__all__ = ["DbOption", "app", "bench_app", "db_path", "err", "eval_app", "stop_on_signals"]
+__all__ = [
+    "DbOption",
+    "app",
+    "bench_app",
+    "db_path",
+    "err",
+    "eval_app",
+    "print_error",
+    "stop_on_signals",
+    "usage_error",
+]
 
 app = typer.Typer(
     help="prmloop: event-sourced, active data curation for process reward models.",
@@ -40,6 +50,20 @@ DbOption = Annotated[
         help="the store: a DuckDB file or ducklake:... (default: $PRMLOOP_STORE, else $PRMLOOP_HOME/prmloop.duckdb)",
     ),
 ]
+
+
+def print_error(message: str) -> None:
+    """``error: message`` as one line on stderr: never wrapped, data never read as markup."""
+    line = " ".join(message.split())
+    err.print("[bold red]error:[/] ", end="", soft_wrap=True)
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def usage_error(message: str) -> NoReturn:
+    """A wrong option: one line naming it and what to do, exit code 2, before any work (or flow run) starts.
+    (typer's own usage box takes five lines and wraps the list of choices.)"""
+    print_error(message)
+    raise typer.Exit(2)
 
 
 def db_path(db: str | Path | None) -> Path | str:

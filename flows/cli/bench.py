@@ -166,9 +166,16 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     arms: Annotated[str, typer.Option(help="comma-separated: random, actprm, epistemic, aleatoric, priority, full")] = (
         "random,actprm,epistemic,aleatoric,priority,full"
     ),
-    arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 160,
-    mc_limit: Annotated[int, typer.Option(help="arith-mc: solutions labelled by MC rollouts (once, cached)")] = 240,
+    arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 60,
+    mc_limit: Annotated[int, typer.Option(help="arith-mc: solutions labelled by MC rollouts (once, cached)")] = 160,
     label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
+    order: Annotated[
+        str,
+        typer.Option(
+            help="uncertainty arms: rank (most uncertain first) or filter (ActPRM Alg. 1: random order, "
+            "confident ones passed over)"
+        ),
+    ] = "rank",
     out: Annotated[Path, typer.Option(help="folder for the PNG of the learning curves")] = Path("out/bench-active"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads for the backbone and the sampler")] = None,
 ) -> None:
@@ -186,11 +193,13 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.store.settings import StateSettings
 
+    if order not in ("rank", "filter"):
+        raise typer.BadParameter(f"--order {order!r}: choose rank or filter")
     names = list(POOLS) if pool == "all" else [pool]
     if any(name not in POOLS for name in names):
         raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
     arm_names = tuple(a.strip() for a in arms.split(",") if a.strip())
-    ensemble = EnsembleConfig(threads=1, heads=16, epochs=150) if quick else EnsembleConfig(threads=1)
+    ensemble = EnsembleConfig(threads=1, heads=16) if quick else EnsembleConfig(threads=1)
     budgets = (0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
     root = StateSettings().home / "bench" / "active"
 
@@ -208,6 +217,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             arith_questions=arith_questions,
             mc_limit=mc_limit,
             threads=threads,
+            order=order,
         )
         try:
             results[name] = run_active(settings, root=root, out_dir=out, say=say)
@@ -217,3 +227,17 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             raise typer.BadParameter(str(exc)) from exc
     line = results[names[0]] if len(names) == 1 and "label_quality" not in results else results
     typer.echo(json.dumps({"bench": "active", "quick": quick, **line} if isinstance(line, dict) else line))
+
+
+@bench_app.command("broker")
+def bench_broker_cmd(
+    n: Annotated[int, typer.Option(help="events produced and consumed per storage")] = 20_000,
+    batch: Annotated[int, typer.Option(help="events per publish call (each waits for the broker's acks)")] = 500,
+    dsn: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL for the durable broker (default: a throw-away pgserver one)")
+    ] = None,
+) -> None:
+    """Produce and consume rates of the embedded broker in memory and on PostgreSQL: one JSON line."""
+    from prmloop.flows.bench.broker import bench_broker_storage
+
+    typer.echo(json.dumps(bench_broker_storage(n, batch=batch, dsn=dsn)))

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
+
+from prmloop.flows.cli.app import usage_error
 
 __all__ = ["settings_command", "validation_message"]
 
@@ -24,13 +26,26 @@ S = TypeVar("S", bound=BaseSettings)
 
 
 def validation_message(error: ValidationError) -> str:
-    """One line per wrong option: ``--name: what is wrong``."""
+    """One line for all wrong options: ``--name 'value': what is wrong`` (the value only where the
+    message does not already name it, as a validator's own message does)."""
     parts = []
     for item in error.errors():
         name = ".".join(str(p) for p in item["loc"])
         flag = f"-{name}" if len(name) == 1 else f"--{name.replace('_', '-')}"
-        parts.append(f"{flag}: {item['msg']}" if name else item["msg"])
+        # A validator's own message is the text; pydantic's "Value error, " prefix says nothing.
+        message = str(item["msg"]).removeprefix("Value error, ")
+        value = item.get("input")
+        if name and item["type"] != "value_error" and isinstance(value, str | int | float):
+            flag = f"{flag} {value!r}"
+        parts.append(f"{flag}: {message}" if name else message)
     return "; ".join(parts)
+
+
+def _choices(annotation: Any) -> tuple[str, ...] | None:
+    """The values of a ``Literal[...]`` option (``None`` for any other type)."""
+    if get_origin(annotation) is Literal:
+        return tuple(str(v) for v in get_args(annotation))
+    return None
 
 
 def _parameter(name: str, field: Any) -> inspect.Parameter:
@@ -43,9 +58,15 @@ def _parameter(name: str, field: Any) -> inspect.Parameter:
     if "flag" in extra and extra["flag"] not in declarations:
         declarations.append(str(extra["flag"]))
     default = field.get_default(call_default_factory=True)
-    option = typer.Option(*declarations, help=field.description or "", show_default=True)
+    choices = _choices(field.annotation)
+    annotation = field.annotation
+    metavar = None
+    if choices is not None:
+        # The settings check the choice (one line, exit 2); click's own check would print a five-line box.
+        annotation, metavar = str, "|".join(choices)
+    option = typer.Option(*declarations, help=field.description or "", show_default=True, metavar=metavar)
     return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[field.annotation, option]
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
     )
 
 
@@ -65,7 +86,8 @@ def settings_command(
     """Register the decorated ``run(settings)`` as command ``name`` with one option per settings field.
 
     The decorated function's docstring is the command's help. A value the settings refuse (an unknown
-    strategy, a negative count) is a usage error naming the option (exit code 2).
+    strategy, a negative count) is a one-line usage error naming the option and the valid values (exit code
+    2), raised before the command (and so any flow run) starts.
     """
     skipped = set(exclude)
     own = set(settings_cls.__annotations__)
@@ -79,7 +101,7 @@ def settings_command(
             try:
                 settings = settings_cls(**given)
             except ValidationError as error:
-                raise typer.BadParameter(validation_message(error)) from None
+                usage_error(validation_message(error))
             run(settings)
 
         context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)

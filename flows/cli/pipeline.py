@@ -14,14 +14,22 @@ from prmloop.consumers.consensus import ConsensusSettings
 from prmloop.consumers.judge import JudgeSettings
 from prmloop.consumers.scorer import ScorerSettings
 from prmloop.consumers.selector import SelectorSettings
-from prmloop.flows.cli.app import app, err, stop_on_signals
+from prmloop.flows.cli.app import app, err, stop_on_signals, usage_error
 from prmloop.flows.cli.options import settings_command
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
-from prmloop.producers.sources import default_dataset
+from prmloop.producers.sources import QuestionFileError, check_source, default_dataset
 from prmloop.store.broker import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
+
+
+def _check_source(dataset: str | None, file: Path | None, split: str | None) -> None:
+    """A missing data-set or question file is a usage error before the flow run starts (not a failed run)."""
+    try:
+        check_source(dataset=dataset, file=file, split=split)
+    except QuestionFileError as exc:
+        usage_error(str(exc))
 
 
 @settings_command(app, SampleSettings, name="sample")
@@ -34,12 +42,15 @@ def sample(settings: SampleSettings) -> None:
 
     given = sum((settings.dataset is not None, settings.file is not None, settings.from_queue))
     if given > 1:
-        raise typer.BadParameter("give at most one of --dataset, --file and --from-queue")
+        usage_error("give at most one of --dataset, --file and --from-queue")
     if given == 0:
         dataset = default_dataset(settings.backend, settings.model)
         err.print(f"no question source given: --dataset {dataset}", soft_wrap=True)
         settings = settings.model_copy(update={"dataset": dataset})
-    summary = run_sample(settings, progress=err.is_terminal, prefect=settings.prefect)
+    _check_source(settings.dataset, settings.file, settings.split)
+    # The broker too is found before the flow run starts: without one, one line and no failed run.
+    servers = require_bootstrap_servers()
+    summary = run_sample(settings, bootstrap_servers=servers, progress=err.is_terminal, prefect=settings.prefect)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
@@ -56,17 +67,19 @@ def prioritize(settings: PrioritizeSettings) -> None:
     from prmloop.flows.prioritize import run_prioritize
 
     if settings.dataset is not None and settings.file is not None:
-        raise typer.BadParameter("give at most one of --dataset and --file")
+        usage_error("give at most one of --dataset and --file")
     if settings.dataset is None and settings.file is None:
         dataset = default_dataset(settings.backend, settings.model)
         err.print(f"no question source given: --dataset {dataset}", soft_wrap=True)
         settings = settings.model_copy(update={"dataset": dataset})
+    _check_source(settings.dataset, settings.file, settings.split)
+    servers = require_bootstrap_servers()
     prm = None
     if settings.prm is not None:
         from prmloop.models.prm.load import load_prm
 
         prm = load_prm(settings.prm, cache_dir=StateSettings().features_dir, threads=settings.threads)
-    summary = run_prioritize(settings, prm=prm)
+    summary = run_prioritize(settings, bootstrap_servers=servers, prm=prm)
     for message in summary.get("question_errors", []):
         err.print(f"skipped: {message}", markup=False, highlight=False)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "question_errors"}, default=str))
@@ -238,7 +251,10 @@ def serve(
 def demo(
     *,
     minutes: Annotated[float, typer.Option(help="time budget; sizes come from a speed probe of this machine")] = 15.0,
-    home: Annotated[Path | None, typer.Option(help="the demo's own state folder (default $PRMLOOP_HOME/demo)")] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="state folder (default $PRMLOOP_HOME, where every command looks)")
+    ] = None,
+    rounds: Annotated[int, typer.Option(help="rounds of the loop (sample ... retrain), at least 1")] = 3,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads per model (default: torch's)")] = None,
     level: Annotated[int, typer.Option(help="arithmetic curriculum level 1-5")] = 1,
     judge: Annotated[
@@ -246,10 +262,18 @@ def demo(
     ] = "exact",
     seed: int = 0,
 ) -> None:
-    """The whole loop once on the embedded defaults: prioritize, sample, score, annotate, judge, filter,
-    store, calibrate, prioritize again; ends with where the Prefect UI is and SQL to try."""
+    """The loop on the embedded defaults within a time budget: prioritize, then rounds of sample, score,
+    select, annotate, judge, consensus and retrain (the ensemble PRM's held-out F1 per round), calibrate;
+    ends with the learning curve, where the Prefect UI is and commands to try. Stage lines on the
+    terminal; everything else in $PRMLOOP_HOME/logs/demo.log."""
     from prmloop.flows.demo import DemoSettings, run_demo
 
     if judge not in ("exact", "critic", "stepwise"):
         raise typer.BadParameter(f"--judge must be exact, critic or stepwise, not {judge!r}")
-    run_demo(DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge))
+    if rounds < 1:
+        raise typer.BadParameter(f"--rounds must be at least 1, not {rounds}")
+    if minutes <= 0:
+        raise typer.BadParameter(f"--minutes must be positive, not {minutes:g}")
+    run_demo(
+        DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge, rounds=rounds)
+    )

@@ -4,13 +4,14 @@ bench prm."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, bench_app, db_path, err, eval_app
+from prmloop.flows.cli.app import DbOption, app, bench_app, db_path, err, eval_app, store_label, usage_error
+from prmloop.flows.output import OutputFormat
 from prmloop.store.settings import StateSettings
 
 dataset_app = typer.Typer(help="Dataset snapshots of the labels (Parquet + TRL PRM format).", no_args_is_help=True)
@@ -53,8 +54,6 @@ def snapshot(
     ratios: RatiosOption = "0.8,0.1,0.1",
 ) -> None:
     """Select labels from the store, split by question and write an immutable, content-hashed snapshot."""
-    from datetime import UTC
-
     from prmloop.store.snapshot import select_labels, write_snapshot
 
     if kind not in ("accepted", "mc"):
@@ -118,19 +117,70 @@ def list_snapshots(root: RootOption = None) -> None:
         typer.echo(json.dumps({k: m[k] for k in ("snapshot_id", "created_at", "rows", "questions", "label_kinds")}))
 
 
+#: What each PRM kind is, for the people reading ``models list``.
+_KIND_NAMES = {"prm": "the LoRA PRM", "prm_ensemble": "the ensemble PRM the selector uses"}
+
+
 @models_app.command("list")
-def list_models(db: DbOption = None) -> None:
-    """Registered models, newest first, with their metrics and whether they were promoted."""
+def list_models(
+    db: DbOption = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (per kind), csv or json")] = (
+        OutputFormat.table
+    ),
+) -> None:
+    """Registered models, newest first, one table per kind: which model of each kind is in force (the
+    newest promoted one, which the loop uses), which were promoted when registered, the metric each kind
+    is promoted by. --format json or csv: every column of the `model_versions` view."""
     from prmloop.flows.output import print_rows
     from prmloop.store.duck import query
 
-    result = query(
-        db_path(db),
-        "SELECT model_id, kind, base_model, dataset_snapshot, train_examples, "
-        "payload->'parameters'->>'promoted' AS promoted, metrics, registered_at, artifact_uri "
-        "FROM model_versions JOIN events USING (event_id) ORDER BY registered_at DESC",
-    )
-    print_rows(result.columns, result.rows, "table", err=err)
+    result = query(db_path(db), "SELECT * FROM model_versions ORDER BY kind, registered_at DESC, event_id DESC")
+    rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+    for row in rows:  # DuckDB hands JSON columns over as text
+        row["metrics"] = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else row["metrics"] or {}
+    if fmt is not OutputFormat.table:
+        print_rows(result.columns, [[r[c] for c in result.columns] for r in rows], fmt, err=err)
+        return
+    if not rows:
+        _say("no models registered yet: `prmloop retrain` trains and registers one")
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        _kind_table(kind, [r for r in rows if r["kind"] == kind])
+
+
+def _kind_table(kind: str, rows: list[dict[str, Any]]) -> None:
+    """One kind's models, narrow enough for 80 columns: a model id is never cut."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from prmloop.flows.output import escape_control
+    from prmloop.store.registry import PROMOTION_METRIC
+
+    metric = PROMOTION_METRIC.get(kind)
+    heading = f"{kind}: {_KIND_NAMES.get(kind, kind)}"
+    heading += f", promoted by {metric}" if metric else ""
+    heading += "" if any(r["in_force"] for r in rows) else "; none in force (none was promoted)"
+    console = Console()
+    console.print(Text(escape_control(heading, keep_layout=False)), soft_wrap=True)
+    table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
+    table.add_column("model", no_wrap=True, min_width=len(max((str(r["model_id"]) for r in rows), key=len)))
+    table.add_column("status", no_wrap=True)
+    table.add_column("F1" if metric and metric.endswith("f1") else "metric", justify="right", no_wrap=True)
+    table.add_column("examples", justify="right", no_wrap=True)
+    table.add_column("registered (UTC)", no_wrap=True)
+    for r in rows:
+        value = r["metrics"].get(metric) if metric else None
+        status = "in force" if r["in_force"] else "superseded" if r["promoted"] else "not promoted"
+        registered = r["registered_at"]
+        when = registered.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if isinstance(registered, datetime) else ""
+        table.add_row(
+            Text(escape_control(str(r["model_id"]), keep_layout=False)),
+            status,
+            "" if value is None else f"{float(value):.3f}",
+            str(r["train_examples"]),
+            when,
+        )
+    console.print(table)
 
 
 def _config(**overrides: Any) -> Any:
@@ -202,7 +252,11 @@ def retrain(
         str, typer.Option(help="ensemble (heads on cached features, seconds; every round) or lora (the final PRM)")
     ] = "ensemble",
     eval_set: Annotated[
-        str, typer.Option(help="ensemble: held-out set, processbench or arith (curriculum, exact first errors)")
+        str,
+        typer.Option(
+            help="ensemble: held-out set, processbench, arith (the model's curriculum solutions, exact first "
+            "errors) or arith-reference (reference solutions and corrupted copies: no sampling)"
+        ),
     ] = "processbench",
 ) -> None:
     """Snapshot, train, evaluate and register a PRM (promoted only if its held-out F1 is not worse).
@@ -211,10 +265,19 @@ def retrain(
     cached backbone features; `--prm-kind lora`: LoRA on the backbone, evaluated on ProcessBench."""
     from prmloop.flows.retrain import run_retrain
 
-    if prm_kind not in ("ensemble", "lora"):
-        raise typer.BadParameter(f"--prm-kind {prm_kind!r}: choose ensemble or lora")
-    if eval_set not in ("processbench", "arith"):
-        raise typer.BadParameter(f"--eval-set {eval_set!r}: choose processbench or arith")
+    # Checked here, before the flow run starts: a wrong choice is one line, not a failed run.
+    for option, value, choices in (
+        ("--kind", kind, ("accepted", "mc")),
+        ("--prm-kind", prm_kind, ("ensemble", "lora")),
+        ("--eval-set", eval_set, ("processbench", "arith", "arith-reference")),
+    ):
+        if value not in choices:
+            usage_error(f"{option} {value!r}: choose one of {', '.join(choices)}")
+    if snapshot is None:
+        from prmloop.store.duck import store_exists
+
+        if not store_exists(db_path(db)):
+            usage_error(f"no prmloop database at {store_label(db)}: start `prmloop sink` (it creates it), or give --db")
 
     summary = run_retrain(
         prefect=prefect,

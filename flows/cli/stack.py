@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, db_path, err
+from prmloop.flows.cli.app import DbOption, app, db_path, err, usage_error
 
 deployments_app = typer.Typer(help="The loop's Prefect deployments on this machine.", no_args_is_help=True)
 app.add_typer(deployments_app, name="deployments")
@@ -20,7 +20,7 @@ def _say(line: str) -> None:
 
 
 @app.command()
-def up(
+def up(  # noqa: PLR0917 (typer's options)
     only: Annotated[
         list[str] | None,
         typer.Option(
@@ -40,6 +40,17 @@ def up(
     engine_threads: Annotated[
         int | None, typer.Option(min=1, help="vllm: the engine's OpenMP threads (default: the cores, at most 2)")
     ] = None,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="the compose file's topology as native processes: PostgreSQL, two brokers on it, Prefect server, "
+            "work pools and workers, two of each service (see infra/OPERATIONS.md)",
+        ),
+    ] = False,
+    cluster_engine: Annotated[
+        str, typer.Option(help="--cluster: the engine in place of the vLLM servers: simulator or model")
+    ] = "simulator",
 ) -> None:
     """Start everything one machine needs in the background: the embedded broker, the sink, the scorer,
     annotator, judge and consensus services, a Prefect server with its UI, and the served deployments.
@@ -49,6 +60,13 @@ def up(
     State and logs go under $PRMLOOP_HOME (run/, logs/); a second `up` says what is already running.
     `prmloop down` stops it all.
     """
+    if cluster:
+        from prmloop.flows.cluster import cluster_up
+
+        if cluster_engine not in ("simulator", "model"):
+            raise typer.BadParameter(f"{cluster_engine!r}: write simulator or model", param_hint="--cluster-engine")
+        typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=_say)))
+        return
     from prmloop.flows.stack import STACK_SERVICES
     from prmloop.flows.stack import up as start
 
@@ -111,9 +129,16 @@ def engine(
 @app.command()
 def down(
     grace: Annotated[float, typer.Option(help="seconds each service gets to stop before it is killed")] = 20.0,
+    cluster: Annotated[bool, typer.Option("--cluster", help="stop what `prmloop up --cluster` started")] = False,
 ) -> None:
     """Stop everything `prmloop up` started, in reverse order."""
     from prmloop.flows.stack import down as stop
+
+    if cluster:
+        from prmloop.flows.cluster import cluster_down
+
+        typer.echo(json.dumps({"stopped": cluster_down(grace_s=grace, say=_say)}))
+        return
 
     typer.echo(json.dumps({"stopped": stop(grace_s=grace, say=_say)}))
 
@@ -136,13 +161,19 @@ def screenshots(
     url: Annotated[str | None, typer.Option(help="the Prefect UI (default: the server `prmloop up` started)")] = None,
     wait: Annotated[float, typer.Option(help="seconds each page gets to load its data")] = 20.0,
 ) -> None:
-    """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium."""
-    from prmloop.flows.screenshots import take_screenshots
+    """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium
+    (Debian's `chromium` package: `apt-get install chromium`)."""
+    from prmloop.flows.screenshots import find_chromium, take_screenshots
     from prmloop.flows.stack import prefect_api_url
 
+    # Chromium first: it is installed once, while a server is started every session.
+    try:
+        find_chromium()
+    except FileNotFoundError as exc:
+        usage_error(str(exc))
     target = url or prefect_api_url()
     if not target:
-        raise typer.BadParameter("no Prefect server found: start one with `prmloop up`, or give --url")
+        usage_error("no Prefect server found: start one with `prmloop up`, or give --url")
     files = take_screenshots(target, out, wait_ms=int(wait * 1000))
     for name, path in files.items():
         _say(f"{name}: {path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,20 +18,75 @@ from prmloop.store.settings import StateSettings
 def broker(
     port: Annotated[int | None, typer.Option(help="port on 127.0.0.1 (default: a free one)")] = None,
     partitions: Annotated[int, typer.Option(help="partitions per topic")] = 4,
+    storage: Annotated[
+        str | None,
+        typer.Option(
+            help="memory (default), postgres (a PostgreSQL of the broker's own under $PRMLOOP_HOME/broker-postgres), "
+            "or postgresql://user@host:port/database; default $PRMLOOP_BROKER_STORAGE"
+        ),
+    ] = None,
+    announce: Annotated[
+        bool, typer.Option(help="write $PRMLOOP_HOME/broker.json (off for the brokers of a cluster)")
+    ] = True,
+    name: Annotated[str, typer.Option(help="the broker's name: its log is logs/<name>.log")] = "broker",
 ) -> None:
-    """Start the embedded Kafka broker (Tansu, in memory) and create the topics; runs until Ctrl-C,
-    SIGTERM or SIGHUP, and then stops Tansu and removes $PRMLOOP_HOME/broker.json.
+    """Start the embedded Kafka broker (Tansu) and create the topics; runs until Ctrl-C, SIGTERM or
+    SIGHUP, and then stops Tansu and removes $PRMLOOP_HOME/broker.json.
 
-    Other commands find it through $PRMLOOP_HOME/broker.json, unless KAFKA_BOOTSTRAP_SERVERS is set.
+    In memory by default. With --storage postgres every topic, record and committed offset is kept in
+    PostgreSQL: a restarted (or SIGKILLed) broker loses nothing, and brokers on one database are one
+    cluster. Other commands find it through $PRMLOOP_HOME/broker.json, unless KAFKA_BOOTSTRAP_SERVERS is set.
     """
-    from prmloop.store.broker import serve_embedded_broker
+    from prmloop.store.broker import BrokerError, serve_embedded_broker
+    from prmloop.store.postgres import resolve_storage
+
+    state = StateSettings()
+    try:
+        dsn = resolve_storage(storage or state.broker_storage, state)
+    except BrokerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--storage") from exc
 
     def ready(b: EmbeddedBroker) -> None:
         typer.echo(b.bootstrap_servers)
-        err.print(f"embedded broker on {b.bootstrap_servers} (in memory; Ctrl-C stops it)")
+        kept = "in PostgreSQL" if b.durable else "in memory"
+        err.print(f"embedded broker on {b.bootstrap_servers} ({kept}, cluster {b.cluster_id}; Ctrl-C stops it)")
         err.print(f"  export KAFKA_BOOTSTRAP_SERVERS={b.bootstrap_servers}   # for other shells")
 
-    serve_embedded_broker(port=port, partitions=partitions, state=StateSettings(), on_ready=ready)
+    serve_embedded_broker(
+        port=port, partitions=partitions, state=state, on_ready=ready, storage=dsn, announce=announce, name=name
+    )
+
+
+@app.command()
+def postgres(
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5432,
+    data_dir: Annotated[
+        Path | None, typer.Option("--dir", help="the cluster's folder (default $PRMLOOP_HOME/postgres)")
+    ] = None,
+    database: Annotated[
+        list[str] | None, typer.Option("--database", help="create this database if missing (repeatable)")
+    ] = None,
+) -> None:
+    """Run a PostgreSQL server in the foreground (initdb on first use) until Ctrl-C or SIGTERM: the
+    cluster's database server (broker storage, Prefect, the DuckLake catalog) on one machine."""
+    from prmloop.store.postgres import PostgresError, serve_postgres
+
+    state = StateSettings()
+    folder = data_dir or state.home / "postgres"
+    log = state.home / "logs" / "postgres-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        code = serve_postgres(
+            folder,
+            port,
+            database or [],
+            log=log,
+            on_ready=lambda: err.print(f"PostgreSQL on 127.0.0.1:{port} ({folder}; its log: {log})"),
+        )
+    except PostgresError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(1) from exc
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -75,15 +131,19 @@ def sink(
 
 @app.command()
 def sql(
-    query: Annotated[str, typer.Argument(help="read-only SQL (SELECT/WITH/FROM/DESCRIBE/SHOW/SUMMARIZE)")],
+    query: Annotated[
+        str,
+        typer.Argument(help="read-only SQL: SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of them"),
+    ],
     db: DbOption = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="output format")] = OutputFormat.table,
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
-    """Query the label history with SQL, also while the pipeline runs. Never modifies anything."""
+    """Query the label history with SQL, also while the pipeline runs. Never modifies anything: only
+    SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused."""
     from prmloop.store.duck import query as run_query
 
-    result = run_query(db_path(db), query, timeout_s=timeout)
+    result = run_query(db_path(db), query, timeout_s=timeout, sandboxed=True)
     print_rows(result.columns, result.rows, fmt, err=err)
 
 

@@ -12,7 +12,9 @@ Examples:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -96,14 +98,42 @@ def register_backend(name: str) -> Callable[[BackendFactory], BackendFactory]:
     return decorator
 
 
+_SHARED: dict[str, Backend] | None = None
+
+
+@contextmanager
+def shared_backends() -> Iterator[None]:
+    """Within this block :func:`build_backend` builds one backend per configuration and hands the same
+    one to every caller: a process that runs stage after stage (the demo) loads each model once instead
+    of at every stage (de-quantising SmolLM2 takes 10-35 s here). Stages must take turns: a local
+    backend is not meant to serve two callers at once."""
+    global _SHARED  # noqa: PLW0603 - one table per process, set only for the block's duration
+    outer, _SHARED = _SHARED, ({} if _SHARED is None else _SHARED)
+    try:
+        yield
+    finally:
+        _SHARED = outer
+
+
 def build_backend(config: BackendConfig | dict[str, Any]) -> Backend:
-    """Construct the backend ``config`` names (a dict is validated as :class:`BackendConfig`)."""
+    """Construct the backend ``config`` names (a dict is validated as :class:`BackendConfig`); inside
+    :func:`shared_backends`, the one already built for an equal configuration."""
     config = BackendConfig.model_validate(config)
     try:
         factory = BACKENDS[config.backend]
     except KeyError:
         raise ValueError(f"unknown backend {config.backend!r}; choose one of {sorted(BACKENDS)}") from None
-    return factory(config)
+    if _SHARED is None:
+        return factory(config)
+    # The weights are what is worth sharing; default sampling parameters may differ between callers.
+    key = config.model_copy(update={"sampling": SamplingParams()}).model_dump_json()
+    if key not in _SHARED:
+        _SHARED[key] = factory(config)
+    backend = _SHARED[key]
+    if getattr(backend, "default_params", config.sampling) != config.sampling:
+        backend = copy.copy(backend)  # same model, tokenizer and lock; its own defaults
+        backend.default_params = config.sampling
+    return backend
 
 
 @register_backend("transformers")

@@ -18,7 +18,10 @@ out-of-bag predictions: the mean over the heads that did not train on a solution
 prediction for it, used to choose the first-error threshold without a held-out set.
 
 The features are centred and projected on their ``pca_dims`` principal directions (whitened) first:
-it makes 32 small MLPs cheap and well conditioned whatever the backbone's width.
+it makes 32 small MLPs cheap and well conditioned whatever the backbone's width. The defaults were
+chosen by the out-of-bag loss on training solutions only (ProcessBench's pool half, SmolLM2 features:
+50 full-batch steps gave an out-of-bag cross-entropy of 0.467 on 338 solutions against 0.551 for 150,
+in a third of the time), never on a held-out set.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class EnsembleConfig(BaseModel):
     hidden: int = Field(default=32, ge=0, description="hidden units of each head's MLP (0: linear heads)")
     pca_dims: int = Field(default=64, ge=0, description="principal directions of the features kept (0: all)")
     share: float = Field(default=0.5, gt=0.0, le=1.0, description="share of the solutions each head trains on")
-    epochs: int = Field(default=150, ge=1, description="full-batch optimizer steps")
+    epochs: int = Field(default=50, ge=1, description="full-batch optimizer steps")
     learning_rate: float = Field(default=1e-2, gt=0.0, description="AdamW learning rate")
     weight_decay: float = Field(default=1e-2, ge=0.0, description="AdamW weight decay")
     seed: int = Field(default=0, description="head initialisation and data shares")

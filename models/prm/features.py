@@ -113,9 +113,10 @@ class FeatureExtractor:
         self.spec = spec
         self.threads = threads
         if model is None or tokenizer is None:
-            from prmloop.models.backends.transformers_backend import TransformersBackend
+            from prmloop.models.backends.registry import BackendConfig, build_backend
 
-            backend = TransformersBackend.from_pretrained(spec.backbone, num_threads=threads)
+            options = {"num_threads": threads} if threads else {}
+            backend: Any = build_backend(BackendConfig(backend="transformers", model=spec.backbone, options=options))
             model, tokenizer = backend.model, backend.tokenizer
         self.model = model.eval()
         self.tokenizer = tokenizer

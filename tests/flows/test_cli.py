@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.cli import app
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore
+from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
+from prmloop.store.registry import PROMOTION_METRIC
 
 runner = CliRunner()
 
@@ -131,3 +135,90 @@ def test_sql_table_output_never_passes_control_characters_or_markup(db: Path) ->
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "\r" not in result.output
     assert "\\x1b[31mred\\r" in result.output and "[bold]loud[/bold]" in result.output
+
+
+def _registration(kind: str, promoted: bool, second: int, f1: float) -> Envelope:
+    metric = PROMOTION_METRIC[kind]
+    payload = ModelRegistered(
+        model_id=f"{kind}-{second:012x}",
+        kind=kind,  # type: ignore[arg-type]
+        base_model=ModelRef(backend="transformers", name="HuggingFaceTB/SmolLM2-135M-Instruct"),
+        artifact_uri=f"/home/someone/a/long/path/to/the/artifacts/{kind}/{second}",
+        dataset_snapshot="f" * 64,
+        train_examples=10 + second,
+        parameters={"promoted": promoted, "decision": "test"},
+        metrics={metric: f1, "loss": 0.25},
+    )
+    return make_event(
+        payload, producer="test", occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=second)
+    )
+
+
+#: (kind, promoted when registered, F1) in registration order, and each model's status now.
+_MODELS = [
+    ("prm", True, 0.4, "in force"),
+    ("prm", False, 0.3, "not promoted"),
+    ("prm_ensemble", True, 0.61, "superseded"),
+    ("prm_ensemble", True, 0.62, "in force"),
+    ("prm_ensemble", False, 0.5, "not promoted"),
+]
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Path:
+    store = EventStore(tmp_path / "registry.duckdb")
+    events = [_registration(kind, promoted, i, f1) for i, (kind, promoted, f1, _) in enumerate(_MODELS)]
+    store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 5)])
+    return store.path
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_models_list_shows_every_model_whole_with_its_kind_and_the_one_in_force(registry: Path, columns: int) -> None:
+    """Seen: `models list` cut its columns ("model…", "base_…") and said `promoted: true` with no word on
+    which model is in use; the registry has two PRM kinds, the LoRA `prm` and the selector's `prm_ensemble`."""
+    result = runner.invoke(app, ["models", "list", "--db", str(registry)], env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout and max(len(line) for line in lines) <= columns
+    assert "prm: the LoRA PRM, promoted by processbench_gsm8k_f1" in lines
+    assert "prm_ensemble: the ensemble PRM the selector uses, promoted by heldout_f1" in lines
+    shown = dict(re.findall(r"^(prm\S*)\s+(in force|superseded|not promoted)\s", result.stdout, re.MULTILINE))
+    expected = {f"{kind}-{i:012x}": status for i, (kind, _, _, status) in enumerate(_MODELS)}
+    assert shown == expected
+    assert re.search(rf"^{'prm_ensemble-' + format(3, '012x')}\s+in force\s+0\.620\s+13\s", result.stdout, re.MULTILINE)
+
+
+def test_models_list_as_json_has_every_column_and_the_decision(registry: Path) -> None:
+    result = runner.invoke(app, ["models", "list", "--db", str(registry), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    got = {r["model_id"]: (r["kind"], r["promoted"], r["in_force"]) for r in rows}
+    assert got == {
+        f"{kind}-{i:012x}": (kind, promoted, status == "in force")
+        for i, (kind, promoted, _, status) in enumerate(_MODELS)
+    }
+    assert all(isinstance(r["metrics"], dict) and r["decision"] == "test" and r["artifact_uri"] for r in rows)
+
+
+def test_sql_help_names_every_statement_the_readme_lists() -> None:
+    """Seen: the README listed EXPLAIN among the statements `prmloop sql` runs; `sql --help` left it out."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    found = re.search(r"refuses anything but (.+?) \(EXPLAIN only", readme, re.DOTALL)
+    assert found is not None
+    listed = re.findall(r"`([A-Z]+)`", found.group(1))
+    assert "EXPLAIN" in listed and "SELECT" in listed
+    result = runner.invoke(app, ["sql", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert [word for word in listed if word not in result.output] == []
+
+
+def test_screenshots_without_chromium_say_how_to_install_it(tmp_path: Path) -> None:
+    """Checked before looking for a Prefect server: Chromium is installed once, a server started each time."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {"PATH": str(empty), "PRMLOOP_HOME": str(tmp_path / "home"), "PREFECT_API_URL": None}
+    result = runner.invoke(app, ["screenshots", "--out", str(tmp_path / "shots")], env=env)  # type: ignore[arg-type]
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "apt-get install chromium" in lines[0], result.stderr
+    assert not (tmp_path / "shots").exists()

@@ -1,4 +1,4 @@
-"""The monitor flow's artifacts, and the demo's sizing from a speed probe."""
+"""The monitor flow's artifacts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.flows.demo import plan_sizes
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore
 
@@ -46,16 +45,3 @@ def test_monitor_publishes_artifacts_with_stable_keys(tmp_path: Path) -> None:
     assert sum(a.key == "loop-summary" for a in found) == 2
     summary = next(a for a in found if a.key == "loop-summary")
     assert f"{metrics['accepted']} accepted" in str(summary.data) and "data:image/png;base64," in str(summary.data)
-
-
-def test_demo_sizes_follow_the_speed_and_stay_bounded() -> None:
-    slow, fast = plan_sizes(5.0, 15), plan_sizes(50.0, 15)
-    assert slow.questions < fast.questions and slow.annotate <= fast.annotate
-    # 5 tokens/s for 15 minutes less 3 of overhead = 3600 tokens; 20 % to prioritizing at 2 probes x 160
-    # tokens = 2 questions; 20 % to sampling at 4 x 160 tokens = 1 question; 35 % / 1600 per label = 0 -> 1
-    assert (slow.questions, slow.sample_questions, slow.annotate) == (2, 1, 1)
-    # 50 tokens/s: 36000 tokens -> 7200 / 320 = 22 questions, 7200 / 640 = 11 sampled, 12600 / 1600 = 7 labels
-    assert (fast.questions, fast.sample_questions, fast.annotate) == (22, 11, 7)
-    huge = plan_sizes(10_000.0, 60)
-    assert (huge.questions, huge.annotate, huge.judge) == (24, 8, 12)
-    assert plan_sizes(0.0, 15).questions == 2

@@ -435,3 +435,26 @@ def test_a_result_claimed_as_a_result_is_fine() -> None:
     assert (check.status, check.first_error_step) == ("exact", None)
     restated = ["Tom has 3 apples and buys 4 more.", "3 + 4 = 8", "The final answer is: 8"]
     assert check_steps(TOM, restated, strictness="numbers").first_error_step == 1
+
+
+def test_a_corrupted_reference_solution_has_its_first_error_where_the_result_was_changed() -> None:
+    import random
+
+    from prmloop.models.arith import check_steps, generate_question
+    from prmloop.models.arith.corrupt import corrupted_solution
+
+    rng = random.Random(0)
+    made = 0
+    for level in (1, 2, 3):
+        for index in range(15):
+            question = generate_question(level, 1000, index)
+            result = corrupted_solution(question, rng)
+            if result is None:
+                continue
+            steps, first_error = result
+            made += 1
+            assert steps[:first_error] == list(question.reference_steps[:first_error])
+            assert steps[first_error] != question.reference_steps[first_error]
+            check = check_steps(question.chain, steps)
+            assert check.exact and check.first_error_step == first_error
+    assert made >= 40  # nearly every question gives one

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prmloop.models.jsonl import MAX_DEPTH, DataFileError, read_json_lines
 
@@ -62,3 +65,39 @@ def test_a_file_that_cannot_be_opened_is_one_error(tmp_path: Path) -> None:
         _read(tmp_path / "missing.jsonl")
     with pytest.raises(DataFileError, match="cannot read"):
         _read(tmp_path)
+
+
+_QUESTION = {"id": "q-1", "problem": 'What is 2 + 3.5? Say "x".', "answer": -5.5e-1, "ok": True, "none": None, "m": [1]}
+
+
+@given(cut=st.integers(min_value=1, max_value=len(json.dumps(_QUESTION)) - 1), newline=st.sampled_from(["\n", "\r\n"]))
+@settings(max_examples=200, deadline=None)
+def test_a_line_cut_short_is_called_truncated_at_a_column_of_that_line(
+    cut: int, newline: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Seen: a truncated line was reported as "Expecting value at column 1" (the column after the line break)."""
+    path = tmp_path_factory.mktemp("cut") / "questions.jsonl"
+    whole = json.dumps(_QUESTION)
+    path.write_text(whole + newline + whole[:cut] + newline + whole + newline, newline="")
+    lines, errors = _read(path)
+    assert lines == [1, 3]
+    assert len(errors) == 1 and errors[0].startswith(f"{path}:2: not valid JSON: truncated line")
+    columns = [int(c) for c in re.findall(r"column (\d+)", errors[0])]
+    assert columns and all(1 <= c <= cut for c in columns)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"a": 1} x', "Extra data at column 10"),
+        ('{"a": tru, "b": 1}', "Expecting value at column 7"),
+        ('{"a": 1 "b": 2}', "Expecting ',' delimiter at column 9"),
+    ],
+)
+def test_a_broken_line_that_is_not_cut_short_names_the_column_of_the_damage(
+    line: str, message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(line + "\n")
+    _, errors = _read(path)
+    assert errors == [f"{path}:1: not valid JSON ({message}); line skipped"]

@@ -7,8 +7,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from prmloop.producers.sources import MAX_LINE_BYTES, QuestionFileError, load_source, read_question_file
+from prmloop.producers.prioritize import PrioritizeSettings
+from prmloop.producers.sampler import SampleSettings
+from prmloop.producers.sources import (
+    DATASET_NAMES,
+    MAX_LINE_BYTES,
+    QuestionFileError,
+    check_source,
+    load_source,
+    read_question_file,
+)
 
 
 def write_lines(path: Path, lines: Sequence[str]) -> Path:
@@ -94,3 +106,54 @@ def test_a_truncated_gzip_question_file_keeps_the_questions_before_the_cut(tmp_p
     assert 0 < len(questions) < 400 and [q.id for q in questions] == [f"q{i}" for i in range(len(questions))]
     [error] = errors
     assert error.startswith(f"{path}:{len(questions) + 1}: the file ends early (truncated?)")
+
+
+_VALID = ("arith", "gsm8k", "gsm_plus", "math", "math500")
+
+
+@given(name=st.one_of(st.sampled_from(_VALID), st.text(max_size=12)))
+@settings(max_examples=150, deadline=None)
+def test_the_settings_take_exactly_the_dataset_names_that_load(name: str) -> None:
+    """Seen: `--dataset nosuch` failed inside the flow run, and its list of choices left out arith."""
+    for settings_cls in (SampleSettings, PrioritizeSettings):
+        if name in _VALID:
+            assert settings_cls(dataset=name).dataset == name
+            continue
+        with pytest.raises(ValidationError) as caught:
+            settings_cls(dataset=name)
+        message = str(caught.value)
+        assert repr(name) in message and all(valid in message for valid in _VALID)
+    assert set(DATASET_NAMES) == set(_VALID)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "split", "ok"),
+    [
+        ("gsm8k", "train", True),
+        ("gsm8k", "dev", False),
+        ("math500", "test", True),
+        ("math500", "train", False),
+        ("arith", "test", False),
+        (None, "train", True),
+    ],
+)
+def test_a_split_the_dataset_lacks_is_refused_by_the_settings(dataset: str | None, split: str, ok: bool) -> None:
+    """Seen: `sample --dataset math500 --split train` ended in a TypeError traceback inside the flow."""
+    if ok:
+        assert SampleSettings(dataset=dataset, split=split).split == split
+        return
+    with pytest.raises(ValidationError, match=rf"has no split '{split}'"):
+        SampleSettings(dataset=dataset, split=split)
+
+
+def test_a_missing_shared_data_folder_is_found_before_any_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRMLOOP_DATA_DIR", str(tmp_path))
+    with pytest.raises(
+        QuestionFileError, match=r"gsm8k/train\.jsonl not found; put the shared folder beside the clone"
+    ):
+        check_source(dataset="gsm8k", split="train")
+    with pytest.raises(QuestionFileError, match="no split 'dev'"):
+        check_source(dataset="gsm8k", split="dev")
+    with pytest.raises(QuestionFileError, match=r"missing\.jsonl not found"):
+        check_source(file=tmp_path / "missing.jsonl")
+    check_source(dataset="arith")  # generated: needs no file

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.bench.synthetic import synthetic_events
+from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import (
     EventStore,
@@ -22,18 +24,21 @@ from prmloop.store.duck import (
     check_read_only,
     open_writer,
     query,
+    store_health,
 )
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
     ModelRef,
+    QuestionRegistered,
     SamplingSpec,
     SolutionSampled,
     StepsJudged,
     StepsLabeled,
+    deterministic_event_id,
     make_event,
 )
-from prmloop.store.lake import LakeEventStore
+from prmloop.store.lake import LakeEventStore, open_lake
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -84,6 +89,67 @@ def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore | LakeEv
     store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 47)])
     rows = query(store.location, "SELECT topic, kafka_partition, next_offset FROM sink_offsets").rows
     assert rows == [("solutions.sampled", 2, 47)]
+
+
+def test_the_same_fact_from_another_producer_is_a_redelivery_not_a_conflict(
+    store: EventStore | LakeEventStore,
+) -> None:
+    """What `make demo` does: `sample` and `prioritize` both register a question under its
+    deterministic id; only the envelope's producer, time and cause differ."""
+    fact = QuestionRegistered(question_id="q7", dataset="d", problem="2+2?")
+    eid = deterministic_event_id("QuestionRegistered", "d", "q7")
+    by_sample = make_event(fact, producer="prmloop-sample/0.1.0", event_id=eid, occurred_at=T0)
+    by_prioritize = make_event(
+        fact,
+        producer="prmloop-prioritize/0.1.0",
+        event_id=eid,
+        occurred_at=T0 + timedelta(minutes=3),
+        causation_id=uuid.uuid4(),
+    )
+    changed = make_event(fact.model_copy(update={"problem": "2+3?"}), producer="x", event_id=eid, occurred_at=T0)
+    assert write(store, [by_sample]) == 1
+    again = store.write_batch(events_to_arrow(consumed([by_prioritize])), [("t", 0, 1)])
+    within = store.write_batch(events_to_arrow(consumed([by_prioritize, by_sample, by_prioritize])), [("t", 0, 3)])
+    assert (again.inserted, again.conflicts, within.inserted, within.conflicts) == (0, 0, 0, 0)
+    assert query(store.location, "SELECT count(*) FROM conflicts").rows == [(0,)]
+    assert store_health(store.location)["conflicts"] == 0
+    other = store.write_batch(events_to_arrow(consumed([changed])), [("t", 0, 4)])
+    assert (other.inserted, other.conflicts) == (0, 1)  # another fact under the same id still is one
+    assert query(store.location, "SELECT producer, payload->>'problem' FROM events").rows == [
+        ("prmloop-sample/0.1.0", "2+2?")
+    ]
+
+
+def test_conflict_rows_an_older_sink_kept_for_a_mere_redelivery_are_dropped_at_start(
+    store: EventStore | LakeEventStore,
+) -> None:
+    """Stores written before a redelivery stopped counting as a conflict hold such rows: the next
+    writer to open the store removes them (and only them)."""
+    fact = QuestionRegistered(question_id="q8", dataset="d", problem="1+1?")
+    eid = deterministic_event_id("QuestionRegistered", "d", "q8")
+    first = make_event(fact, producer="prmloop-sample/0.1.0", event_id=eid, occurred_at=T0)
+    redelivered = make_event(fact, producer="prmloop-prioritize/0.1.0", event_id=eid, occurred_at=T0 + timedelta(1))
+    changed = make_event(fact.model_copy(update={"problem": "1+2?"}), producer="x", event_id=eid, occurred_at=T0)
+    assert write(store, [first]) == 1
+    rows = [
+        (eid, "QuestionRegistered", "questions.registered", 0, i + 1, encode_event(e).decode(), f"old-{i}", "s", T0)
+        for i, e in enumerate([redelivered, changed])
+    ]
+    insert = (
+        "INSERT INTO conflicts (event_id, event_type, topic, kafka_partition, kafka_offset, body, body_sha256, "
+        "stored_sha256, detected_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    if isinstance(store, EventStore):
+        with duckdb.connect(str(store.path)) as con:
+            con.executemany(insert, rows)
+        reopened: EventStore | LakeEventStore = EventStore(store.path)
+    else:
+        with open_lake(store.location, read_only=False) as con:
+            con.executemany(insert, rows)
+        reopened = open_writer(store.location)
+    reopened.close()
+    left = query(store.location, "SELECT body_sha256, body->'payload'->>'problem' FROM conflicts").rows
+    assert left == [("old-1", "1+2?")]
 
 
 def _solution(sid: str, n_steps: int = 3) -> Envelope:

@@ -36,8 +36,9 @@ def test_every_event_type_round_trips_through_json() -> None:
 
 
 def test_every_event_type_has_its_own_topic() -> None:
-    assert len(TOPIC_OF) == 10
-    assert len(set(TOPIC_OF.values())) == len(EVENT_TOPICS) == 10
+    assert len(TOPIC_OF) == 11
+    assert len(set(TOPIC_OF.values())) == len(EVENT_TOPICS) == 11
+    assert TOPIC_OF["SolutionSelected"] == "steps.selected"
 
 
 def test_envelope_is_frozen() -> None:

@@ -22,10 +22,21 @@ from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
 from prmloop.store.duck import query, store_exists, store_health
-from prmloop.store.events import Envelope, QuestionRegistered, make_event
+from prmloop.store.events import (
+    CostLedger,
+    Envelope,
+    ModelRef,
+    QuestionRegistered,
+    StepJudgment,
+    StepsJudged,
+    StepsLabeled,
+    make_event,
+)
+from prmloop.store.export import export_views
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
 from prmloop.store.lake import LakeStore
 from prmloop.store.limits import DLQ_TRUNCATED_BYTES
+from prmloop.store.metrics import loop_metrics
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import TopicSpec, dlq_topic
 
@@ -215,6 +226,54 @@ def test_an_event_on_another_types_topic_and_conflicting_duplicates_are_never_si
     assert health["conflicts"] == 1 and health["conflicting_events"] == 1
     assert health["events_per_topic"].get("steps.labeled", 0) == 0
     assert health["events"] >= 1
+
+
+def test_numbers_the_store_cannot_hold_are_dead_lettered_and_every_view_still_reads(
+    own_servers: str, store_at: Path | LakeStore, wait_until: Callable[..., None], tmp_path: Path
+) -> None:
+    """Issue 25.3: `generated_tokens = 2**70` used to be stored and then break `cost_ledger`,
+    `prmloop status` and `prmloop export`; `step_index = 2**40` broke `step_judgments`."""
+    labeled = make_event(
+        StepsLabeled(solution_id="s", question_id="q", method="m", labels=(True,), cost=CostLedger(rollouts=3)),
+        producer="t",
+    )
+    judged = make_event(
+        StepsJudged(
+            solution_id="s",
+            question_id="q",
+            judge=ModelRef(backend="b", name="n"),
+            verdicts=(True,),
+            judgments=(StepJudgment(step_index=0, has_error=False),),
+        ),
+        producer="t",
+    )
+    huge_tokens = json.loads(encode_event(labeled))
+    huge_tokens["event_id"] = str(uuid.uuid4())
+    huge_tokens["payload"]["cost"]["generated_tokens"] = 2**70
+    huge_index = json.loads(encode_event(judged))
+    huge_index["event_id"] = str(uuid.uuid4())
+    huge_index["payload"]["judgments"][0]["step_index"] = 2**40
+    producer = raw_producer(own_servers)
+    for event, hostile in ((labeled, huge_tokens), (judged, huge_index)):
+        producer.send(event.topic, key=b"s", value=json.dumps(hostile).encode())
+        producer.send(event.topic, key=b"s", value=encode_event(event))
+    producer.flush(30)
+    producer.close()
+
+    sink = SinkThread(own_servers, store_at)
+    wait_until(lambda: stored(sink.db, [labeled, judged]) == 2, 60, "the valid events")
+    runtime_stats, _ = sink.close()
+    assert runtime_stats.dead_lettered == 2
+    assert query(store_at, "SELECT count(*) FROM events").rows == [(2,)]
+    ledger = query(store_at, "SELECT source, rollouts, generated_tokens FROM cost_ledger ORDER BY 1").rows
+    assert ledger == [("StepsJudged", 0, 0), ("StepsLabeled", 3, 0)]
+    assert query(store_at, "SELECT step_index FROM step_judgments").rows == [(0,)]
+    assert store_health(store_at)["events"] == 2 and loop_metrics(store_at)["label_tokens"] == 0
+    exported = export_views(store_at, ["cost_ledger", "step_judgments"], tmp_path / "out")
+    assert [r["rows"] for r in exported] == [2, 1]
+    for topic in (labeled.topic, judged.topic):
+        [dead] = read_topic(own_servers, dlq_topic(topic), 1)
+        assert b"less than or equal" in dict(dead.headers)["dlq.error"]
 
 
 def _own_topic(servers: str) -> str:

@@ -6,6 +6,9 @@ and Parquet files in a temporary folder."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -21,7 +24,8 @@ from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore, locate, open_writer, query
 from prmloop.store.events import Envelope
 from prmloop.store.export import export_views
-from prmloop.store.lake import LakeEventStore, LakeStore, compact, open_lake, parse_lake
+from prmloop.store.lake import LakeError, LakeEventStore, LakeStore, compact, open_lake, parse_lake
+from prmloop.store.lake_catalog import release_local_postgres
 
 
 def consumed(events: list[Envelope], partition: int = 0, start: int = 0) -> list[ConsumedEvent]:
@@ -36,15 +40,71 @@ def lake_writer(store: LakeStore) -> LakeEventStore:
 
 def test_specs_parse_and_bad_ones_say_what_to_write(tmp_path: Path) -> None:
     store = parse_lake(f"ducklake:pgserver:{tmp_path}/pg", default_data_path=tmp_path / "d")
-    assert store.catalog == f"pgserver:{tmp_path}/pg" and store.data_path == tmp_path / "d"
+    assert store.catalog == f"pgserver:{tmp_path}/pg" and store.data_path == tmp_path / "pg" / "data"
+    given = parse_lake(f"ducklake:pgserver:{tmp_path}/pg#data={tmp_path}/elsewhere", default_data_path=tmp_path)
+    assert given.data_path == tmp_path / "elsewhere"
     custom = parse_lake(f"ducklake:postgres:dbname=x password=secret#data={tmp_path}/p", default_data_path=tmp_path)
-    assert custom.data_path == tmp_path / "p"
+    assert custom.data_path == tmp_path / "p" and custom.reader == ""
     assert parse_lake(custom.spec, default_data_path=tmp_path) == custom  # the spec round-trips
     assert "secret" not in str(custom) and "password=***" in str(custom)
+    reading = parse_lake(
+        f"ducklake:postgres:dbname=x user=w password=secret#reader=user=r password=other#data={tmp_path}/p",
+        default_data_path=tmp_path,
+    )
+    assert (reading.catalog, reading.reader) == ("postgres:dbname=x user=w password=secret", "user=r password=other")
+    assert parse_lake(reading.spec, default_data_path=tmp_path) == reading
+    assert "secret" not in str(reading) and "other" not in str(reading)
     with pytest.raises(ValueError, match="postgres:<libpq conninfo>"):
         parse_lake("ducklake:mysql:db", default_data_path=tmp_path)
+    with pytest.raises(ValueError, match="#reader= is for postgres"):
+        parse_lake(f"ducklake:pgserver:{tmp_path}/pg#reader=user=r", default_data_path=tmp_path)
     assert isinstance(locate(tmp_path / "x.duckdb"), Path)
     assert isinstance(locate(f"ducklake:pgserver:{tmp_path}/pg"), LakeStore)
+
+
+def test_a_folder_postgresql_cannot_use_is_named_in_one_line(tmp_path: Path) -> None:
+    """A pgserver folder that is neither empty nor a PostgreSQL cluster, or a data folder inside the
+    cluster's: one line naming the folder (was a 40-line CalledProcessError from initdb)."""
+    (tmp_path / "used" / "catalog").mkdir(parents=True)
+    (tmp_path / "used" / "catalog" / "notes.txt").write_text("not PostgreSQL")
+    used = parse_lake(f"ducklake:pgserver:{tmp_path}/used", default_data_path=tmp_path / "d")
+    with pytest.raises(LakeError, match=f"in {tmp_path}/used/catalog: the folder is not empty") as info:
+        open_writer(used)
+    assert "\n" not in str(info.value)
+    inside = parse_lake(f"ducklake:pgserver:{tmp_path}/in#data={tmp_path}/in/catalog/x", default_data_path=tmp_path)
+    with pytest.raises(LakeError, match=f"data folder {tmp_path}/in/catalog/x is inside"):
+        open_writer(inside)
+    env = {**os.environ, "PRMLOOP_HOME": str(tmp_path), "PRMLOOP_STORE": f"ducklake:pgserver:{tmp_path}/used"}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    cli = subprocess.run(
+        [sys.executable, "-m", "prmloop.flows.cli", "sql", "SELECT 1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert cli.returncode == 2 and len(cli.stderr.strip().splitlines()) == 1, cli.stderr
+    assert f"{tmp_path}/used/catalog" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_a_pgserver_cluster_made_in_the_folder_itself_keeps_working(tmp_path: Path) -> None:
+    """Stores made before the catalog got a folder of its own: PostgreSQL in ``<dir>``, the data
+    where it was (the default data path)."""
+    import pgserver
+
+    legacy = tmp_path / "pg"
+    pgserver.get_server(legacy, cleanup_mode="stop").cleanup()  # what an older prmloop left behind
+    store = parse_lake(f"ducklake:pgserver:{legacy}", default_data_path=tmp_path / "lake-data")
+    assert store.data_path == tmp_path / "lake-data"
+    try:
+        writer = lake_writer(store)
+        writer.write_batch(events_to_arrow(consumed(synthetic_events(20, k=1))), [("t", 0, 20)])
+        writer.close()
+        assert query(store, "SELECT count(*) FROM events", sandboxed=True).rows == [(20,)]
+        assert not (legacy / "catalog").exists()
+    finally:
+        release_local_postgres(str(legacy))
 
 
 def test_two_writers_storing_the_same_events_at_once_show_each_event_once(lake_store: LakeStore) -> None:
@@ -75,7 +135,8 @@ def test_two_writers_storing_the_same_events_at_once_show_each_event_once(lake_s
 
 def test_a_conflicting_version_is_kept_in_conflicts_not_dropped(lake_store: LakeStore) -> None:
     [event] = synthetic_events(1, k=1, seed=4)[:1]
-    other = event.model_copy(update={"producer": "someone-else"})
+    changed = event.payload.model_copy(update={"question_id": "another question"})
+    other = event.model_copy(update={"producer": "someone-else", "payload": changed})
     writer = lake_writer(lake_store)
     writer.write_batch(events_to_arrow(consumed([event])), [("t", 0, 1)])
     result = writer.write_batch(events_to_arrow(consumed([other, other], start=1)), [("t", 0, 3)])

@@ -29,6 +29,7 @@ def db(tmp_path: Path) -> Path:
         artifact_uri="/tmp/prm-1",
         dataset_snapshot="abc",
         train_examples=10,
+        parameters={"promoted": True},
         metrics={"f1": 0.5},
     )
     events.append(make_event(prm, producer="test"))

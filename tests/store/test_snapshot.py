@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prmloop.consumers.sink import events_to_arrow
@@ -15,7 +17,8 @@ from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.datasets import import_rows
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore, query
-from prmloop.store.events import ModelRef
+from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
+from prmloop.store.metrics import loop_metrics
 from prmloop.store.registry import current_model, model_registered, should_promote
 from prmloop.store.snapshot import SPLITS, load_snapshot, select_labels, split_of, write_snapshot
 
@@ -153,3 +156,60 @@ def test_registry_promotes_only_when_not_worse(tmp_path: Path) -> None:
         decision="x",
     )
     assert changed.payload.model_id != kept.payload.model_id  # type: ignore[union-attr]
+
+
+def test_a_promotion_decision_says_whether_it_promoted() -> None:
+    """Seen: the demo printed the decision of a promoted model, "no promoted model yet", and read as "not
+    promoted" while `models list` said promoted: true. The text now starts with what was decided."""
+    current = {"model_id": "prm-1", "metrics": {"f1": 0.4}}
+    cases = [
+        ({"f1": 0.4}, None),
+        ({"f1": 0.3}, current),
+        ({"f1": 0.5}, current),
+        ({"f1": 0.4}, current),
+        ({}, None),
+        ({"f1": 0.4}, {"model_id": "prm-0", "metrics": {}}),
+    ]
+    for candidate, in_force in cases:
+        promote, why = should_promote(candidate, in_force, "f1")
+        assert why.startswith("promoted: " if promote else "not promoted: "), why
+        if in_force is not None and "f1" in candidate:
+            assert str(in_force["model_id"]) in why
+
+
+def _registration(kind: str, promoted: bool, second: int) -> Envelope:
+    payload = ModelRegistered(
+        model_id=f"{kind}-{second:012d}",
+        kind=kind,  # type: ignore[arg-type]
+        base_model=ModelRef(backend="transformers", name="smollm2"),
+        artifact_uri=f"/tmp/{kind}-{second}",
+        dataset_snapshot="s",
+        train_examples=second,
+        parameters={"promoted": promoted, "decision": "test"},
+        metrics={"f1": 0.5},
+    )
+    return make_event(
+        payload, producer="test", occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=second)
+    )
+
+
+@given(st.lists(st.tuples(st.sampled_from(["prm", "prm_ensemble"]), st.booleans()), min_size=1, max_size=8))
+@settings(max_examples=15, deadline=None)
+def test_the_model_in_force_is_the_newest_promoted_of_its_kind(registrations: list[tuple[str, bool]]) -> None:
+    """`model_versions.in_force`, `current_model` (what retrain compares with) and `loop_metrics` (what
+    `prmloop status` shows) name the same model: the newest promoted one of each kind."""
+    with tempfile.TemporaryDirectory() as folder:
+        events = [_registration(kind, promoted, i) for i, (kind, promoted) in enumerate(registrations)]
+        db = _store(Path(folder) / "prmloop.duckdb", events)
+        marked = dict(query(db, "SELECT kind, model_id FROM model_versions WHERE in_force").rows)
+        promoted = query(db, "SELECT count(*) FROM model_versions WHERE promoted").rows[0][0]
+        assert promoted == sum(p for _, p in registrations)
+        metrics = loop_metrics(db)
+        for kind in ("prm", "prm_ensemble"):
+            last = [i for i, (k, p) in enumerate(registrations) if k == kind and p]
+            expected = f"{kind}-{last[-1]:012d}" if last else None
+            current = current_model(db, kind)
+            assert marked.get(kind) == expected
+            assert (current["model_id"] if current else None) == expected
+            shown = metrics["current_prm" if kind == "prm" else "current_prm_ensemble"]
+            assert (shown["model_id"] if shown else None) == expected
