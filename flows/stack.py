@@ -8,6 +8,9 @@ outlives the ``up`` command), logs to ``$PRMLOOP_HOME/logs/<name>.log`` and is r
 A second ``up`` says what is already running and starts only what is not. ``down`` stops them in the
 reverse order (SIGTERM, then SIGKILL after a grace period) and removes the records.
 
+With ``--engine vllm`` it first starts the machine's vLLM engine (:mod:`prmloop.flows.engine`); while
+an engine runs, every model-using service ``up`` starts is pointed at it.
+
 While the Prefect server is up, every ``prmloop`` command sends its flow runs to it (see
 :func:`prefect_api_url`), so they show in the UI; otherwise flows use a throw-away local API.
 """
@@ -34,6 +37,7 @@ from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = [
     "SERVICES",
+    "STACK_SERVICES",
     "ServiceState",
     "down",
     "prefect_api_url",
@@ -42,8 +46,10 @@ __all__ = [
     "up",
 ]
 
-#: Every service ``up`` knows, in start order.
+#: Every service ``up`` knows, in start order. The vLLM engine comes first (the services that use it
+#: are pointed at it when they start) and so stops last; ``prmloop up`` starts it only when asked.
 SERVICES: tuple[str, ...] = (
+    "engine",
     "broker",
     "sink",
     "scorer",
@@ -54,6 +60,8 @@ SERVICES: tuple[str, ...] = (
     "prefect",
     "deployments",
 )
+#: What ``up`` starts when not told otherwise: everything but the engine (``--engine vllm`` adds it).
+STACK_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s != "engine")
 #: The services that hold a Kafka connection for as long as they run (the others connect per flow run).
 KAFKA_SERVICES: tuple[str, ...] = ("sink", "scorer", "selector", "annotator", "judge", "consensus")
 
@@ -141,6 +149,10 @@ def service_report(state: StateSettings | None = None) -> dict[str, dict[str, An
         entry["state"] = "running"
         if name == "broker" and named is not None and named.pid == record.pid:
             entry["serves"] = {"bootstrap_servers": named.bootstrap_servers, "cluster_id": named.cluster_id}
+        elif name == "engine":
+            from prmloop.flows.engine import engine_load
+
+            entry["load"] = engine_load(record.pid, record.url)
         elif name in KAFKA_SERVICES:
             link = links.get(record.pid)
             if link is not None:
@@ -183,6 +195,11 @@ def _cli(*args: str) -> list[str]:
 
 
 def _command(name: str, port: int | None) -> list[str]:
+    if name == "engine":
+        from prmloop.flows.engine import converted_model, engine_command, vllm_python
+
+        python = vllm_python()
+        return engine_command(python, converted_model(python), port or free_port())
     if name == "broker":
         return _cli("broker")
     if name == "sink":
@@ -223,7 +240,7 @@ def _http_ok(url: str) -> bool:
 
 
 def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[str], None]) -> ServiceState:
-    port = free_port() if name == "prefect" else None
+    port = free_port() if name in ("prefect", "engine") else None
     argv = _command(name, port)
     logs = state.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -232,27 +249,40 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
     if name == "prefect":
         # The UI's scripts call the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200.
         env = {**env, "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    if name == "engine":
+        from prmloop.flows.engine import engine_environment
+
+        threads = env.get("PRMLOOP_ENGINE_THREADS")
+        env = {**env, **engine_environment(int(threads) if threads else None)}
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
-    url = f"http://127.0.0.1:{port}/api" if port else None
+    url = (f"http://127.0.0.1:{port}/v1" if name == "engine" else f"http://127.0.0.1:{port}/api") if port else None
     record = ServiceState(name, process.pid, argv, time.time(), str(log), url)
     _record(state, name).write_text(json.dumps(record.__dict__))
     if name == "broker":
         _wait(lambda: find_bootstrap_servers(KafkaSettings(), state) is not None, 60, "the embedded broker", log)
     elif name == "prefect" and url:
         _wait(lambda: _http_ok(url + "/health"), 180, "the Prefect server", log)
+    elif name == "engine" and url:
+        from prmloop.flows.engine import wait_ready
+
+        # Loading vLLM and the model takes 30-120 s on two busy cores.
+        if not wait_ready(url, 600, lambda: process.poll() is None):
+            _stop(state, name, record, grace_s=10.0, say=say)
+            raise RuntimeError(f"the vLLM engine did not come up (exit code {process.poll()}); see {log}")
     else:
         time.sleep(0.5)
     if process.poll() is not None:
         raise RuntimeError(f"{name} exited at start (code {process.returncode}); see {log}")
-    say(f"started {name} (pid {process.pid}, log {log})" + (f", UI {url.removesuffix('/api')}" if url else ""))
+    where = (f", serves {url}" if name == "engine" else f", UI {url.removesuffix('/api')}") if url else ""
+    say(f"started {name} (pid {process.pid}, log {log}){where}")
     return record
 
 
 def up(
-    services: Sequence[str] = SERVICES,
+    services: Sequence[str] = STACK_SERVICES,
     *,
     state: StateSettings | None = None,
     say: Callable[[str], None] = print,
@@ -277,6 +307,7 @@ def up(
         say(f"broker: using KAFKA_BOOTSTRAP_SERVERS={KafkaSettings().bootstrap_servers}")
         wanted.remove("broker")
     started = []
+    _use_engine(state, env)
     new_broker: BrokerInfo | None = None
     for name in wanted:
         if name in already:
@@ -303,6 +334,7 @@ def up(
             env["PREFECT_API_URL"] = url
         _start(state, name, env, say)
         started.append(name)
+        _use_engine(state, env)
         if name == "broker" and any(n in already for n in KAFKA_SERVICES):
             new_broker = read_broker_file(state)
     running = running_services(state)
@@ -311,6 +343,18 @@ def up(
         "started": started,
         "running": {n: {"pid": r.pid, "log": r.log, **({"url": r.url} if r.url else {})} for n, r in running.items()},
     }
+
+
+def _use_engine(state: StateSettings, env: dict[str, str]) -> None:
+    """Point the services started from now on at the running engine (settings the user gave stay)."""
+    record = read_state(state, "engine")
+    if record is None or not record.url or not record.alive:
+        return
+    from prmloop.flows.engine import service_environment
+
+    for key, value in service_environment(record.url).items():
+        if key not in os.environ:
+            env[key] = value
 
 
 def down(*, state: StateSettings | None = None, grace_s: float = 20.0, say: Callable[[str], None] = print) -> list[str]:

@@ -6,7 +6,7 @@ server. It implements the subset of the API that client uses:
 
 - ``GET /v1/models`` and ``GET /health``;
 - ``POST /tokenize`` (vLLM's extension): ``{"prompt": str, "add_special_tokens": bool}`` ->
-  ``{"tokens": [ids], "count": n}``;
+  ``{"tokens": [ids], "count": n}``; ``POST /detokenize``: ``{"tokens": [ids]}`` -> ``{"prompt": str}``;
 - ``POST /v1/completions`` with ``prompt`` (a string, a list of strings, a list of token ids or a list
   of such lists), ``max_tokens`` (0 allowed with ``echo``), ``temperature``, ``top_p``, ``n``,
   ``stop``, ``seed``, ``logprobs`` (the sampled token's log-probability; ``top_logprobs`` is always
@@ -92,6 +92,13 @@ class CompletionServer:
         add_special = bool(body.get("add_special_tokens", self.backend.add_special_tokens))
         tokens = self.backend.tokenizer.encode(prompt, add_special_tokens=add_special)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": None}
+
+    def detokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._check_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise _BadRequest("'tokens' must be a list of token ids")
+        return {"prompt": str(self.backend.tokenizer.decode(tokens, skip_special_tokens=True))}
 
     def _token_ids(self, prompt: str | list[int]) -> list[int]:
         return prompt if isinstance(prompt, list) else self.backend.encode_prompt(prompt)
@@ -231,7 +238,11 @@ def _handler_for(server: CompletionServer) -> type[BaseHTTPRequestHandler]:
                 self._error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}", "not_found_error")
 
         def do_POST(self) -> None:
-            routes = {"/v1/completions": server.completions, "/tokenize": server.tokenize}
+            routes = {
+                "/v1/completions": server.completions,
+                "/tokenize": server.tokenize,
+                "/detokenize": server.detokenize,
+            }
             route = routes.get(self.path)
             if route is None:
                 self._error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}", "not_found_error")

@@ -122,9 +122,10 @@ def read_question_file(path: Path, *, dataset: str | None = None) -> tuple[list[
 
 
 def default_dataset(backend: str, model: str) -> str:
-    """The question source when none is given: the arithmetic curriculum on the embedded CPU model
-    (which solves about 1 GSM8K question in 160, so its labels would say nothing), GSM8K otherwise."""
-    return "arith" if (backend, model) == ("transformers", "smollm2") else "gsm8k"
+    """The question source when none is given: the arithmetic curriculum on the embedded SmolLM2
+    (which solves about 1 GSM8K question in 160, so its labels would say nothing), whichever engine runs
+    it (in process, or served by the machine's vLLM engine under the same name), GSM8K otherwise."""
+    return "arith" if model == "smollm2" else "gsm8k"
 
 
 def check_dataset(dataset: str | None) -> str | None:

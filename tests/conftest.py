@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 TINY_BACKEND = "tiny-random"
 
+# Run inside .venv-vllm by tests/models/test_vllm_engine.py: this environment has no vLLM.
+collect_ignore = ["vllm_env"]
+
 
 def _docker_engine_answers() -> bool:
     try:

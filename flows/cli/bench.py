@@ -45,15 +45,32 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
 
 @bench_app.command("generate")
 def bench_generate_cmd(
-    quick: Annotated[bool, typer.Option(help="4 prompts x 32 tokens, one repeat")] = False,
-    model: Annotated[str, typer.Option(help="'smollm2' (embedded GGUF), a local folder or hub id")] = "smollm2",
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads (default: torch's choice)")] = None,
+    quick: Annotated[bool, typer.Option(help="4 questions x 32 tokens (--wrapper: 4 x 32, one repeat)")] = False,
+    threads: Annotated[
+        int | None, typer.Option(help="CPU threads of every engine (default: the cores, at most 2)")
+    ] = None,
     seed: int = 0,
+    wrapper: Annotated[
+        bool,
+        typer.Option(help="instead: the transformers wrapper vs its raw generate(), batched vs one-at-a-time rollouts"),
+    ] = False,
+    model: Annotated[
+        str, typer.Option(help="--wrapper: 'smollm2' (the embedded GGUF), a folder or hub id")
+    ] = "smollm2",
 ) -> None:
-    """Tokens/s of the backend wrapper vs the raw engine call, and batched vs one-at-a-time rollouts."""
-    from prmloop.flows.bench.generate import bench_generate
+    """Transformers in process, vLLM in process and the vLLM server on the same workloads: tokens/s for
+    sampling (k=8) and for MC rollouts sharing a prefix, vLLM's prefix cache on and off
+    (`vllm_to_transformers_ratio`, `prefix_cache_speedup`). vLLM comes from .venv-vllm (`make vllm`)."""
+    if wrapper:
+        from prmloop.flows.bench.generate import bench_generate
 
-    typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
+        typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
+        return
+    from prmloop.flows.bench.generate_engines import bench_engines
+    from prmloop.flows.cli.app import err
+
+    say = lambda line: err.print(f"bench generate: {line}", markup=False, highlight=False)  # noqa: E731
+    typer.echo(json.dumps(bench_engines(quick, threads=threads, seed=seed, say=say)))
 
 
 @bench_app.command("annotate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -19,15 +20,26 @@ def _say(line: str) -> None:
 
 
 @app.command()
-def up(
+def up(  # noqa: PLR0917 (typer's options)
     only: Annotated[
         list[str] | None,
         typer.Option(
             "--only",
-            help="start just these (repeatable): broker, sink, scorer, annotator, judge, consensus, prefect, deployments",  # noqa: E501
+            help="start just these (repeatable): engine, broker, sink, scorer, selector, annotator, judge, consensus, prefect, deployments",  # noqa: E501
         ),
     ] = None,
     without: Annotated[list[str] | None, typer.Option("--without", help="start all but these (repeatable)")] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="vllm: start the machine's vLLM engine (`make vllm`) and point the sampler, scorer, annotator, "
+            "judge and prioritize at it; transformers: each service loads the model itself; auto: vllm where "
+            ".venv-vllm is ready and the whole stack starts (no --only), else transformers",
+        ),
+    ] = "auto",
+    engine_threads: Annotated[
+        int | None, typer.Option(min=1, help="vllm: the engine's OpenMP threads (default: the cores, at most 2)")
+    ] = None,
     cluster: Annotated[
         bool,
         typer.Option(
@@ -36,12 +48,14 @@ def up(
             "work pools and workers, two of each service (see infra/OPERATIONS.md)",
         ),
     ] = False,
-    engine: Annotated[
+    cluster_engine: Annotated[
         str, typer.Option(help="--cluster: the engine in place of the vLLM servers: simulator or model")
     ] = "simulator",
 ) -> None:
     """Start everything one machine needs in the background: the embedded broker, the sink, the scorer,
     annotator, judge and consensus services, a Prefect server with its UI, and the served deployments.
+    With --engine vllm, first the machine's vLLM engine (`prmloop engine`), which the sampler, scorer,
+    annotator, judge and prioritize then use; a running engine is used by whatever `up` starts.
 
     State and logs go under $PRMLOOP_HOME (run/, logs/); a second `up` says what is already running.
     `prmloop down` stops it all.
@@ -49,19 +63,67 @@ def up(
     if cluster:
         from prmloop.flows.cluster import cluster_up
 
-        if engine not in ("simulator", "model"):
-            raise typer.BadParameter(f"{engine!r}: write simulator or model", param_hint="--engine")
-        typer.echo(json.dumps(cluster_up(engine=engine, say=_say)))
+        if cluster_engine not in ("simulator", "model"):
+            raise typer.BadParameter(f"{cluster_engine!r}: write simulator or model", param_hint="--cluster-engine")
+        typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=_say)))
         return
-    from prmloop.flows.stack import SERVICES
+    from prmloop.flows.stack import STACK_SERVICES
     from prmloop.flows.stack import up as start
 
-    services = [s for s in (only or SERVICES) if s not in set(without or ())]
+    if engine not in ("auto", "transformers", "vllm"):
+        raise typer.BadParameter(f"--engine must be auto, transformers or vllm, got {engine!r}")
+    services = [s for s in (only or STACK_SERVICES) if s not in set(without or ())]
+    if engine == "auto":
+        engine = _auto_engine(bool(only), "engine" in set(without or ()))
+    if engine == "vllm" and "engine" not in services:
+        services.insert(0, "engine")
+    _engine_threads(engine_threads)
     summary = start(services, say=_say)
     prefect = summary["running"].get("prefect")
     if prefect:
         _say(f"Prefect UI: {prefect['url'].removesuffix('/api')}  (prmloop commands now report their flow runs there)")
     typer.echo(json.dumps(summary))
+
+
+def _auto_engine(only: bool, without_engine: bool) -> str:
+    """vllm where it can run (bench generate measured it faster than transformers here and on GPUs)."""
+    from prmloop.flows.engine import engine_unavailable
+
+    if only or without_engine:
+        return "transformers"
+    reason = engine_unavailable()
+    if reason is not None:
+        _say(f"engine: transformers in each service (vLLM engine unavailable: {reason})")
+        return "transformers"
+    _say("engine: the vLLM engine, shared by the services (--engine transformers: each loads its own model)")
+    return "vllm"
+
+
+def _engine_threads(threads: int | None) -> None:
+    if threads is not None:
+        os.environ["PRMLOOP_ENGINE_THREADS"] = str(threads)
+
+
+@app.command()
+def engine(
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="the engine's OpenMP threads (default: the cores, at most 2)")
+    ] = None,
+) -> None:
+    """Start the machine's vLLM engine in the background (an OpenAI-compatible server on a free port,
+    from .venv-vllm, which `make vllm` builds) and print its URL and how to point a command at it.
+
+    `prmloop status` shows it and its load, `prmloop down` stops it; `prmloop up` points the services it
+    starts at a running engine.
+    """
+    from prmloop.flows.engine import service_environment
+    from prmloop.flows.stack import up as start
+
+    _engine_threads(threads)
+    summary = start(["engine"], say=_say)
+    url = summary["running"]["engine"]["url"]
+    _say(f"vLLM engine: {url}  (one command: prmloop sample --backend openai --base-url {url})")
+    typer.echo(json.dumps({**summary, "environment": service_environment(url)}))
 
 
 @app.command()

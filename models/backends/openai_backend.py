@@ -15,15 +15,19 @@ token ids; a server that ignores the extension is refused with an explanation ra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+from prmloop.models.backends.stopping import cut_at_answer
 
-__all__ = ["OpenAICompatibleBackend", "OpenAIServerError"]
+__all__ = ["OpenAICompatibleBackend", "OpenAIServerError", "TokenizedOpenAIBackend", "load_tokenizer"]
 
 _TOKEN_ID_PREFIX = "token_id:"
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 
 class OpenAIServerError(RuntimeError):
@@ -144,7 +148,9 @@ class OpenAICompatibleBackend:
             stop_reason = choice.get("stop_reason")
             text = choice["text"]
             if params is not None and params.stop_at_answer:
-                text, token_ids, logprobs, cut = _cut_at_answer(text, token_ids, logprobs, block.get("text_offset"))
+                text, token_ids, logprobs, cut = cut_at_answer(
+                    text, token_ids, logprobs, functools.partial(self._tokens_before, list(token_ids))
+                )
                 if cut:
                     finish, stop_reason = "stop", "answer"
             out.append(
@@ -180,6 +186,29 @@ class OpenAICompatibleBackend:
         params = (params or self.default_params).model_copy(update={"n": n})
         return self.generate([prefix], params)[0]
 
+    def _tokens_before(self, token_ids: Sequence[int], end: int) -> int:
+        """How many of ``token_ids`` start before character ``end`` of their decoded text.
+
+        Servers spell tokens as ids, and their ``text_offset`` then counts the characters of the
+        spellings, not of the text; so the decoded length of each prefix comes from ``/detokenize``,
+        by bisection (the length grows with the prefix).
+        """
+        low, high = 0, len(token_ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.detokenize(token_ids[:middle])) >= end:
+                high = middle
+            else:
+                low = middle + 1
+        return max(low, 0)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids`` from the server's ``/detokenize`` (vLLM extension; also served by prmloop serve)."""
+        if not token_ids:
+            return ""
+        payload = self._post(f"{self._root}/detokenize", {"model": self.model_name, "tokens": list(token_ids)})
+        return str(payload["prompt"])
+
     def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids from the server's ``/tokenize`` (vLLM extension; also served by prmloop serve)."""
         payload = self._post(
@@ -189,10 +218,21 @@ class OpenAICompatibleBackend:
         return [int(t) for t in payload["tokens"]]
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
-        def one(pair: tuple[str, str]) -> ScoredText:
+        def encode(pair: tuple[str, str]) -> tuple[list[int], list[int]]:
             prompt, continuation = pair
-            prompt_ids = self.tokenize(prompt, add_special_tokens=self.add_special_tokens)
-            cont_ids = self.tokenize(continuation)
+            return self.tokenize(prompt, add_special_tokens=self.add_special_tokens), self.tokenize(continuation)
+
+        return self.score_ids(self._map(encode, pairs))
+
+    def score_ids(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ScoredText]:
+        """Teacher-forced log-probabilities of each continuation's ids after its prompt's ids (``echo``).
+
+        vLLM computes prompt log-probabilities without reading its prefix cache, so each of these
+        requests prefills its whole prompt: callers keep them for text that has no sampled log-probs.
+        """
+
+        def one(pair: tuple[Sequence[int], Sequence[int]]) -> ScoredText:
+            prompt_ids, cont_ids = list(pair[0]), list(pair[1])
             if not prompt_ids:
                 raise ValueError("score() needs a non-empty prompt: the first token has no context to be scored in")
             payload = self._completion_request(
@@ -208,24 +248,55 @@ class OpenAICompatibleBackend:
                 token_ids=tuple(cont_ids), logprobs=tuple(float(v) for v in values), prompt_tokens=len(prompt_ids)
             )
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(pairs)))) as pool:
-            return list(pool.map(one, pairs))
+        return self._map(one, pairs)
+
+    def _map(self, function: Callable[[_In], _Out], items: Sequence[_In]) -> list[_Out]:
+        """``function`` over ``items``, with up to ``max_concurrency`` requests in flight (order kept)."""
+        if len(items) <= 1:
+            return [function(item) for item in items]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(items))) as pool:
+            return list(pool.map(function, items))
+
+
+class TokenizedOpenAIBackend(OpenAICompatibleBackend):
+    """The client with the served model's tokenizer on this side (``tokenizer``, e.g. the embedded SmolLM2's).
+
+    With it prompts get the model's chat template (:func:`~prmloop.models.prompts.render_for`), the
+    sampler records each step's token offset, so the scorer takes the sampled log-probabilities and
+    never asks the engine for prompt log-probabilities (which bypass vLLM's prefix cache), the answer
+    cut counts tokens locally, and scoring sends token ids without ``/tokenize`` round trips.
+    """
+
+    def __init__(self, model_name: str, *, tokenizer: Any, **options: Any) -> None:
+        super().__init__(model_name, **options)
+        self.tokenizer = tokenizer
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The prompt's ids as the server encodes a string prompt (``add_special_tokens`` as sent)."""
+        return list(self.tokenizer.encode(prompt, add_special_tokens=self.add_special_tokens))
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[ScoredText]:
+        return self.score_ids(
+            [(self.encode_prompt(p), self.tokenizer.encode(c, add_special_tokens=False)) for p, c in pairs]
+        )
+
+    def _tokens_before(self, token_ids: Sequence[int], end: int) -> int:
+        from prmloop.models.steps import token_char_spans
+
+        return sum(1 for start, _ in token_char_spans(self.tokenizer, token_ids) if start < end)
+
+
+def load_tokenizer(name: str) -> Any:
+    """A tokenizer for :class:`TokenizedOpenAIBackend`: ``"smollm2"`` (from the embedded GGUF), a folder or hub id."""
+    from transformers import AutoTokenizer
+
+    from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
+
+    if name == EMBEDDED_MODEL_NAME:
+        path = smollm2_gguf_path()
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(name)
 
 
 def _finish(value: str) -> FinishReason:
     return "stop" if value == "stop" else "length"
-
-
-def _cut_at_answer(
-    text: str, token_ids: list[int], logprobs: list[float], offsets: Any
-) -> tuple[str, list[int], list[float], bool]:
-    """A server generates past the answer; keep the text up to it and the tokens that start before its
-    end (by the response's ``text_offset``), so perplexities weigh the same tokens as a local engine's."""
-    from prmloop.models.answers import answer_end
-
-    end = answer_end(text)
-    if end is None or not isinstance(offsets, list) or len(offsets) != len(token_ids) or not offsets:
-        return text, token_ids, logprobs, False
-    base = int(offsets[0])
-    keep = sum(1 for o in offsets if int(o) - base < end)
-    return text[:end], token_ids[:keep], logprobs[:keep], True

@@ -45,7 +45,8 @@ class BackendConfig(BaseModel):
         description=(
             "engine options: transformers {device, dtype, gguf_file, max_batch_size}; "
             "vllm {enable_prefix_caching, gpu_memory_utilization, dtype, max_model_len, ...}; "
-            "openai {base_url, api_key, timeout_s, tokenizer}"
+            "openai {base_url, api_key, timeout_s, max_concurrency, tokenizer ('smollm2', a folder or hub id; "
+            "'smollm2' by default for the model 'smollm2', '' for none)}"
         ),
     )
 
@@ -151,6 +152,16 @@ def _vllm(config: BackendConfig) -> Backend:
 
 @register_backend("openai")
 def _openai(config: BackendConfig) -> Backend:
-    from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
+    from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME
+    from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, TokenizedOpenAIBackend, load_tokenizer
 
-    return OpenAICompatibleBackend(model_name=config.model, default_params=config.sampling, **config.options)
+    options = dict(config.options)
+    # The embedded model's tokenizer is on this machine: with it the client renders chat prompts and
+    # records step token offsets exactly as the in-process engines do.
+    tokenizer = options.pop("tokenizer", EMBEDDED_MODEL_NAME if config.model == EMBEDDED_MODEL_NAME else None)
+    options.pop("num_threads", None)  # a server's threads are the server's
+    if tokenizer:
+        return TokenizedOpenAIBackend(
+            config.model, tokenizer=load_tokenizer(str(tokenizer)), default_params=config.sampling, **options
+        )
+    return OpenAICompatibleBackend(model_name=config.model, default_params=config.sampling, **options)

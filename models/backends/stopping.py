@@ -3,14 +3,14 @@ a stated final answer. A stopping criterion for ``generate`` and the matching cu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["StopInCompletion", "first_stop"]
+__all__ = ["StopInCompletion", "cut_at_answer", "first_stop"]
 
 
 class StopInCompletion:
@@ -61,3 +61,19 @@ def first_stop(text: str, stops: Sequence[str]) -> str | None:
         if index >= 0 and (best is None or index < best[0]):
             best = (index, stop)
     return None if best is None else best[1]
+
+
+def cut_at_answer(
+    text: str, token_ids: list[int], logprobs: list[float], tokens_before: Callable[[int], int]
+) -> tuple[str, list[int], list[float], bool]:
+    """Cut a finished completion after its stated answer (a server, or vLLM in process, generates past
+    it): the text up to the answer's end and the tokens that start before it (``tokens_before(end)``
+    counts them), so perplexities weigh the same tokens as the transformers engine's, which stops there.
+    Returns the text, ids, log-probs and whether it cut."""
+    from prmloop.models.answers import answer_end
+
+    end = answer_end(text)
+    if end is None or not token_ids:
+        return text, token_ids, logprobs, False
+    keep = tokens_before(end)
+    return text[:end], token_ids[:keep], logprobs[:keep], True

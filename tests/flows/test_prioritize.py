@@ -128,6 +128,7 @@ def test_the_embedded_model_defaults_to_the_arithmetic_curriculum() -> None:
     from prmloop.producers.sources import default_dataset
 
     assert default_dataset("transformers", "smollm2") == "arith"
+    assert default_dataset("openai", "smollm2") == "arith"  # the embedded model behind `prmloop engine`
     assert default_dataset("vllm", "Qwen/Qwen2.5-Math-7B-Instruct") == "gsm8k"
     assert default_dataset("transformers", "/models/qwen") == "gsm8k"
 

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from prmloop.models.annotation.completer import GeneratorCompleter
 from prmloop.models.answers import answer_end, extract_answer
 from prmloop.models.backends.base import Completion, SamplingParams
-from prmloop.models.backends.openai_backend import _cut_at_answer
-from prmloop.models.backends.stopping import StopInCompletion
+from prmloop.models.backends.stopping import StopInCompletion, cut_at_answer
 from prmloop.models.backends.transformers_backend import TransformersBackend
 
 
@@ -83,13 +82,15 @@ def test_the_local_engine_keeps_the_answer_and_drops_what_follows(tiny_backend: 
     assert extract_answer(cut.text) == "7"
 
 
-def test_a_servers_completion_is_cut_at_its_answer_by_text_offset() -> None:
+def test_a_servers_completion_is_cut_at_its_answer_keeping_the_tokens_before_it() -> None:
     pieces = ["The", " answer", " is", " 12", ".", " Then", " more"]
     offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
     text = "".join(pieces)
-    kept, ids, lps, cut = _cut_at_answer(text, list(range(7)), [-1.0] * 7, offsets)
+    kept, ids, lps, cut = cut_at_answer(
+        text, list(range(7)), [-1.0] * 7, lambda end: sum(1 for o in offsets if o < end)
+    )
     assert cut and kept == "The answer is 12." and ids == [0, 1, 2, 3, 4] and lps == [-1.0] * 5
-    assert _cut_at_answer("no answer here", [1, 2], [-1.0, -1.0], [0, 3]) == (
+    assert cut_at_answer("no answer here", [1, 2], [-1.0, -1.0], lambda end: 1) == (
         "no answer here",
         [1, 2],
         [-1.0, -1.0],

@@ -11,8 +11,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from prmloop.models.backends.base import Generator, SamplingParams, Scorer
-from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, OpenAIServerError
+from prmloop.models.backends.base import Generator, SamplingParams, Scorer, TokenIdScorer, Tokenized
+from prmloop.models.backends.openai_backend import (
+    OpenAICompatibleBackend,
+    OpenAIServerError,
+    TokenizedOpenAIBackend,
+)
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.serve import serve_in_thread
 
@@ -105,3 +109,52 @@ def test_an_unreachable_server_says_what_to_check() -> None:
         pytest.raises(OpenAIServerError, match="is it running"),
     ):
         client.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
+
+
+def _served_payload(ids: list[int], text: str) -> dict[str, object]:
+    """A completion as vLLM's server (and prmloop serve) answer with ``return_tokens_as_token_ids``: the
+    tokens are spelled ``token_id:<id>`` and ``text_offset`` counts the characters of those spellings,
+    not of the text."""
+    spelled = [f"token_id:{i}" for i in ids]
+    offsets = [sum(len(s) for s in spelled[:k]) for k in range(len(spelled))]
+    block = {"tokens": spelled, "token_logprobs": [-1.0] * len(ids), "text_offset": offsets}
+    return {
+        "choices": [{"index": 0, "text": text, "logprobs": block, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 3},
+    }
+
+
+@pytest.mark.parametrize("local_tokenizer", [False, True], ids=["server-detokenizes", "local-tokenizer"])
+def test_the_answer_cut_keeps_the_tokens_of_the_answer_whatever_the_servers_offsets(
+    server_url: str, tiny_backend: TransformersBackend, local_tokenizer: bool
+) -> None:
+    tokenizer = tiny_backend.tokenizer
+    answer = "Step 2: 5 + 7 = 12. The answer is 12."
+    text = answer + " Then more words follow"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    client = (
+        TokenizedOpenAIBackend(SERVED, tokenizer=tokenizer, base_url=server_url)
+        if local_tokenizer
+        else OpenAICompatibleBackend(SERVED, base_url=server_url)
+    )
+    with client:
+        [cut] = client._completions(_served_payload(ids, text), 1, SamplingParams(stop_at_answer=True))
+    assert (cut.text, cut.stop_reason) == (answer, "answer")
+    assert tokenizer.decode(list(cut.token_ids)) == answer
+    assert len(cut.logprobs) == len(cut.token_ids)
+
+
+def test_the_tokenized_client_scores_and_encodes_like_the_in_process_backend(
+    server_url: str, tiny_backend: TransformersBackend
+) -> None:
+    pairs = [(PROMPTS[0], " 4. The answer is 4."), (PROMPTS[1], " 3 apples")]
+    with TokenizedOpenAIBackend(SERVED, tokenizer=tiny_backend.tokenizer, base_url=server_url) as client:
+        assert isinstance(client, TokenIdScorer)
+        assert client.encode_prompt(PROMPTS[0]) == tiny_backend.encode_prompt(PROMPTS[0])
+        for remote, local in zip(client.score(pairs), tiny_backend.score(pairs), strict=True):
+            assert (remote.token_ids, remote.prompt_tokens) == (local.token_ids, local.prompt_tokens)
+            assert max(abs(a - b) for a, b in zip(remote.logprobs, local.logprobs, strict=True)) < 1e-5
+
+
+def test_the_plain_client_has_no_tokenizer_so_steps_come_from_text(client: OpenAICompatibleBackend) -> None:
+    assert not isinstance(client, Tokenized)

@@ -1,0 +1,177 @@
+"""``prmloop bench generate``: transformers in process, vLLM in process and the vLLM server, in one run.
+
+Each engine gets the same workloads (:mod:`prmloop.flows.bench.generate_vllm`: sampling ``k=8``
+solutions of each question, and Monte-Carlo rollouts from the successive prefixes of one solution), on
+the embedded SmolLM2, with the same number of CPU threads. vLLM runs with its prefix cache on and off
+(in process: ``enable_prefix_caching``; the server: ``--[no-]enable-prefix-caching``); sampling is
+measured with it on, as the loop runs it. One engine runs at a time, each after a short warm-up call.
+
+The headline figures: ``vllm_to_transformers_ratio`` (the server's sampling tokens/s over
+transformers', the way the loop's services use vLLM) and ``prefix_cache_speedup`` (the server's
+rollout tokens/s with the prefix cache over without); the in-process ratios stand beside them. The
+machine's load average before and after is recorded: the CPU is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prmloop.flows.bench.generate_vllm import Workload, run_workload
+from prmloop.flows.engine import (
+    EngineError,
+    converted_model,
+    default_threads,
+    engine_command,
+    engine_environment,
+    vllm_python,
+    wait_ready,
+)
+from prmloop.store.broker import free_port
+
+__all__ = ["bench_engines"]
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    try:
+        return round(float(a) / float(b), 3)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[str, str]) -> dict[str, Any]:
+    args = {"workload": asdict(workload), "prefix_caching": caching, "sampling": caching}
+    result = subprocess.run(
+        [str(python), "-m", "prmloop.flows.bench.generate_vllm", json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode != 0 or not lines:
+        with tempfile.NamedTemporaryFile("w", prefix="prmloop-bench-vllm-", suffix=".log", delete=False) as log:
+            log.write(result.stdout + result.stderr)
+        errors = [line for line in result.stderr.splitlines() if "Error" in line]
+        raise RuntimeError(
+            f"the in-process vLLM run failed (exit {result.returncode}): {errors[:3]}; its output: {log.name}"
+        )
+    parsed: dict[str, Any] = json.loads(lines[-1])
+    return parsed
+
+
+@contextlib.contextmanager
+def _server(python: Path, model: Path, caching: bool, env: dict[str, str]) -> Iterator[tuple[str, float]]:
+    """A vLLM server of the bench's own on a free port (URL, start seconds), stopped on exit."""
+    import time
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    with tempfile.NamedTemporaryFile(prefix="prmloop-bench-engine-", suffix=".log", delete=False) as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            engine_command(python, model, port, prefix_caching=caching),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        if not wait_ready(url, 600, lambda: process.poll() is None):
+            raise RuntimeError(f"the vLLM server did not come up (exit {process.poll()}); see {log.name}")
+        yield url, time.perf_counter() - started
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    Path(log.name).unlink(missing_ok=True)
+
+
+def bench_engines(
+    quick: bool, *, threads: int | None = None, seed: int = 0, say: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
+    """Run the comparison (see the module docstring); returns one JSON-able dict.
+
+    Args:
+        quick: 4 questions and 32-token completions instead of 8 and 96.
+        threads: CPU threads of every engine (default: the cores, at most 2).
+        seed: the sampling seed of every run.
+        say: progress lines.
+    """
+    from prmloop.models.backends.openai_backend import TokenizedOpenAIBackend, load_tokenizer
+    from prmloop.models.backends.transformers_backend import TransformersBackend
+
+    workload = Workload(n_prompts=4 if quick else 8, max_new_tokens=32 if quick else 96, seed=seed)
+    threads = threads or default_threads()
+    result: dict[str, Any] = {
+        "bench": "generate",
+        "quick": quick,
+        "workload": asdict(workload),
+        "threads": threads,
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+    }
+    say("transformers in process")
+    backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads)
+    result["transformers"] = run_workload(backend, workload)
+    say(json.dumps({"transformers": result["transformers"]}))
+    del backend
+    gc.collect()
+    try:
+        python = vllm_python()
+        model = converted_model(python)
+    except EngineError as exc:
+        result["vllm_inprocess"] = result["vllm_server"] = f"skipped: {exc}"
+        python = model = None
+    if python is not None and model is not None:
+        env = {**os.environ, **engine_environment(threads)}
+        inprocess: dict[str, Any] = {}
+        server: dict[str, Any] = {}
+        for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):
+            say(f"vLLM in process, {key}")
+            inprocess[key] = _inprocess_vllm(python, workload, caching, env)
+            say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
+            say(f"vLLM server, {key}")
+            with _server(python, model, caching, env) as (url, start_s):
+                client = TokenizedOpenAIBackend(
+                    "smollm2", tokenizer=load_tokenizer("smollm2"), base_url=url, max_concurrency=workload.n_prompts
+                )
+                with client:
+                    server[key] = {"start_s": round(start_s, 1), **run_workload(client, workload, sampling=caching)}
+            say(json.dumps({"vllm_server": {key: server[key]}}))
+        result["vllm_inprocess"], result["vllm_server"] = inprocess, server
+        tf = result["transformers"]
+        result["vllm_to_transformers_ratio"] = _ratio(
+            server["prefix_cache_on"]["sampling"]["tokens_per_s"], tf["sampling"]["tokens_per_s"]
+        )
+        result["vllm_inprocess_to_transformers_ratio"] = _ratio(
+            inprocess["prefix_cache_on"]["sampling"]["tokens_per_s"], tf["sampling"]["tokens_per_s"]
+        )
+        result["prefix_cache_speedup"] = _ratio(
+            server["prefix_cache_on"]["rollouts"]["tokens_per_s"],
+            server["prefix_cache_off"]["rollouts"]["tokens_per_s"],
+        )
+        result["inprocess_prefix_cache_speedup"] = _ratio(
+            inprocess["prefix_cache_on"]["rollouts"]["tokens_per_s"],
+            inprocess["prefix_cache_off"]["rollouts"]["tokens_per_s"],
+        )
+        result["vllm_rollouts_to_transformers_ratio"] = _ratio(
+            server["prefix_cache_on"]["rollouts"]["tokens_per_s"], tf["rollouts"]["tokens_per_s"]
+        )
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return result

@@ -1,0 +1,228 @@
+"""The machine's one vLLM engine: an OpenAI-compatible server every model-using service shares.
+
+``prmloop engine`` (or ``prmloop up --engine vllm``) starts ``python -m vllm.entrypoints.openai.api_server``
+from ``.venv-vllm`` (``make vllm`` builds it: vLLM pins ``transformers<5.20`` and ``fastapi<0.137``,
+which the project's Prefect cannot share) on the embedded SmolLM2, converted once into a Hugging
+Face folder (:mod:`prmloop.models.backends.hf_export`). The services reach it through the
+OpenAI-compatible backend (``PRMLOOP_<SERVICE>_BACKEND=openai`` and ``..._BASE_URL``, set by ``up``),
+so one engine batches the sampler's, scorer's, annotator's, judge's and prioritizer's requests.
+
+Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTURE.md's traps):
+
+- ``--dtype float32``: ``auto`` picks bfloat16, which falls back to slow kernels on an AVX2 CPU.
+- ``--enforce-eager``: torch.compile's warm-up costs 77-133 s at every start (its cache fails to reload).
+- ``--enable-prefix-caching``: Monte-Carlo rollouts of one solution share their prefix's KV blocks.
+- ``--enable-prompt-tokens-details``: responses report ``cached_tokens``, how tests and the bench see hits.
+- ``VLLM_CPU_OMP_THREADS_BIND=nobind`` with ``OMP_NUM_THREADS=<threads>``: pinned threads cannot move
+  off a core another process is busy on, so on a shared machine binding collapses under load; the
+  default (``auto``) runs one pinned thread and reserves the other core, idle.
+- ``OMP_WAIT_POLICY=PASSIVE``: OpenMP threads sleep between parallel regions instead of spinning, so
+  an idle or lightly used engine leaves the cores to the loop's other processes.
+- ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB): 46,592 tokens of KV cache, room for every prefix a loop reuses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENGINE_SERVICES",
+    "EngineError",
+    "engine_command",
+    "engine_environment",
+    "engine_load",
+    "engine_unavailable",
+    "service_environment",
+    "vllm_python",
+]
+
+SERVED_MODEL_NAME = "smollm2"
+"""The name the engine serves the embedded model under: the services' default ``--model``, unchanged."""
+
+ENGINE_SERVICES: tuple[str, ...] = ("SAMPLE", "PRIORITIZE", "SCORER", "ANNOTATOR", "JUDGE")
+"""Services whose model calls go to the engine (their settings' environment prefixes, ``PRMLOOP_<X>_``)."""
+
+_INSTALL_HINT = "run `make vllm` in the prmloop checkout (builds .venv-vllm, about 3-7 minutes)"
+
+
+class EngineError(RuntimeError):
+    """The engine cannot start here (no vLLM environment, no converted model)."""
+
+
+def vllm_python() -> Path:
+    """The Python of the vLLM environment: ``$PRMLOOP_VLLM_PYTHON``, else ``.venv-vllm`` of the checkout.
+
+    Raises:
+        EngineError: none is found.
+    """
+    explicit = os.environ.get("PRMLOOP_VLLM_PYTHON")
+    candidates = (
+        [Path(explicit)]
+        if explicit
+        else [
+            Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python",
+            Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python",
+        ]
+    )
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise EngineError(f"no vLLM environment found (looked for {', '.join(map(str, candidates))}): {_INSTALL_HINT}")
+
+
+def engine_unavailable() -> str | None:
+    """Why this machine cannot run the engine (None: it can): no ``.venv-vllm``, or vLLM failed to
+    install there (``make vllm`` records why), or the embedded model is not converted yet."""
+    from prmloop.models.backends.hf_export import COMPLETE_MARKER, smollm2_folder
+
+    try:
+        python = vllm_python()
+    except EngineError as exc:
+        return str(exc)
+    failed = python.parent.parent / ".install-failed"
+    if failed.is_file():
+        return " ".join(failed.read_text().split())[:300]
+    if not (smollm2_folder() / COMPLETE_MARKER).is_file():
+        return f"the embedded model is not converted for vLLM ({smollm2_folder()}): {_INSTALL_HINT}"
+    return None
+
+
+def default_threads() -> int:
+    """OpenMP threads of the engine: every core, at most 2 (the loop's other processes share them)."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def engine_environment(threads: int | None = None, kv_cache_gib: int = 2) -> dict[str, str]:
+    """The variables that set the CPU engine's threads, binding and KV cache (see the module docstring)."""
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(threads or default_threads()),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        # The engine needs no usage reporting; nothing outside this machine can be reached anyway.
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def engine_command(python: Path, model_dir: Path, port: int, *, prefix_caching: bool = True) -> list[str]:
+    """The server's command line (``python -m``: the ``vllm`` script fails for the ``vllm-cpu`` distribution)."""
+    return [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--seed",
+        "0",
+        "--disable-uvicorn-access-log",
+    ]
+
+
+def converted_model(python: Path) -> Path:
+    """The embedded model's Hugging Face folder, converting it with the project's own environment.
+
+    The conversion needs the ``gguf`` package, which the project's environment has and vLLM's does not.
+    """
+    from prmloop.models.backends.hf_export import ensure_smollm2_folder
+
+    try:
+        return ensure_smollm2_folder()
+    except ImportError as exc:
+        raise EngineError(f"cannot convert the embedded GGUF for vLLM ({exc}); {_INSTALL_HINT}") from exc
+
+
+def service_environment(url: str) -> dict[str, str]:
+    """What points the services at the engine at ``url`` (its ``/v1`` root)."""
+    env: dict[str, str] = {}
+    for prefix in ENGINE_SERVICES:
+        env[f"PRMLOOP_{prefix}_BACKEND"] = "openai"
+        env[f"PRMLOOP_{prefix}_BASE_URL"] = url
+        env[f"PRMLOOP_{prefix}_MODEL"] = SERVED_MODEL_NAME
+    return env
+
+
+def wait_ready(url: str, timeout_s: float, alive: Any) -> bool:
+    """Wait until the server at ``url`` (``/v1``) answers ``/health``; False if ``alive()`` turns False."""
+    health = url.removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(health, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        if not alive():
+            return False
+        time.sleep(1.0)
+    return False
+
+
+_METRICS = {
+    "vllm:num_requests_running": "requests_running",
+    "vllm:num_requests_waiting": "requests_waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits",
+    "vllm:generation_tokens_total": "generation_tokens",
+    "vllm:prompt_tokens_total": "prompt_tokens",
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:]+)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """The engine's load from its Prometheus ``/metrics`` text (summed over label sets)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line.strip())
+        if match and match.group(1) in _METRICS and match.group(2) != "NaN":
+            key = _METRICS[match.group(1)]
+            out[key] = out.get(key, 0.0) + float(match.group(2))
+    return out
+
+
+def _group_cpu_ticks(pgid: int) -> int:
+    """CPU ticks (user + system) of every process in the process group ``pgid`` (the engine's children too)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def engine_load(pid: int, url: str | None, sample_s: float = 0.5) -> dict[str, Any]:
+    """For ``prmloop status``: cores the engine's processes keep busy, its memory, and its request queue."""
+    load: dict[str, Any] = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    before = _group_cpu_ticks(pid)
+    time.sleep(sample_s)
+    load["cpu_cores_busy"] = round((_group_cpu_ticks(pid) - before) / ticks / sample_s, 2)
+    if url:
+        try:
+            with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=2) as response:
+                load.update({k: round(v, 4) for k, v in parse_metrics(response.read().decode()).items()})
+        except OSError as exc:
+            load["metrics"] = f"unavailable ({type(exc).__name__})"
+    return load

@@ -1,0 +1,99 @@
+"""How the stack finds, configures and points services at the machine's vLLM engine (no engine runs
+here: tests/models/test_vllm_engine.py runs the real one)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from prmloop.flows.engine import (
+    EngineError,
+    engine_command,
+    engine_environment,
+    engine_unavailable,
+    parse_metrics,
+    service_environment,
+    vllm_python,
+)
+
+
+def test_without_a_vllm_environment_the_reason_says_to_run_make_vllm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
+    with pytest.raises(EngineError, match="make vllm"):
+        vllm_python()
+    reason = engine_unavailable()
+    assert reason is not None and "make vllm" in reason
+
+
+def test_a_recorded_install_failure_is_the_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / ".venv-vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    (tmp_path / ".venv-vllm" / ".install-failed").write_text("vLLM could not install here:\nno wheel for this CPU\n")
+    monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(python))
+    assert vllm_python() == python
+    assert engine_unavailable() == "vLLM could not install here: no wheel for this CPU"
+
+
+def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> None:
+    argv = engine_command(Path("/v/bin/python"), tmp_path, 4321)
+    assert argv[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = " ".join(argv)
+    for flag in ("--dtype float32", "--enforce-eager", "--enable-prefix-caching", "--port 4321", "--host 127.0.0.1"):
+        assert flag in flags
+    assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False)
+    env = engine_environment(threads=1)
+    assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_every_model_using_service_reads_the_engine_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prmloop.consumers.annotator import AnnotatorSettings
+    from prmloop.consumers.judge import JudgeSettings
+    from prmloop.consumers.scorer import ScorerSettings
+    from prmloop.producers.prioritize import PrioritizeSettings
+    from prmloop.producers.sampler import SampleSettings
+
+    url = "http://127.0.0.1:9/v1"
+    for key, value in service_environment(url).items():
+        monkeypatch.setenv(key, value)
+    for settings in (SampleSettings, PrioritizeSettings, ScorerSettings, AnnotatorSettings, JudgeSettings):
+        loaded = settings()
+        assert (loaded.backend, loaded.base_url, loaded.model) == ("openai", url, "smollm2"), settings.__name__
+
+
+def test_the_engines_load_is_read_from_its_metrics() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+            "# TYPE vllm:num_requests_running gauge",
+            'vllm:num_requests_running{engine="0",model_name="smollm2"} 3.0',
+            'vllm:num_requests_waiting{engine="0",model_name="smollm2"} 1.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="smollm2"} 0.125',
+            'vllm:prefix_cache_hits_total{engine="0",model_name="smollm2"} 640.0',
+            'vllm:prefix_cache_queries_total{engine="0",model_name="smollm2"} 1024.0',
+            'vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="smollm2"} 2.0',
+        ]
+    )
+    assert parse_metrics(text) == {
+        "requests_running": 3.0,
+        "requests_waiting": 1.0,
+        "kv_cache_usage": 0.125,
+        "prefix_cache_hits": 640.0,
+        "prefix_cache_queries": 1024.0,
+    }
+
+
+def test_up_picks_the_engine_only_for_the_whole_stack_and_where_it_can_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows.cli.stack import _auto_engine
+
+    assert _auto_engine(only=True, without_engine=False) == "transformers"
+    assert _auto_engine(only=False, without_engine=True) == "transformers"
+    monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
+    assert _auto_engine(only=False, without_engine=False) == "transformers"

@@ -1,0 +1,214 @@
+"""vLLM for real, on its CPU build and the embedded SmolLM2: the in-process backend's contract inside
+``.venv-vllm``, and the machine's engine server (``prmloop engine``) serving what every service needs.
+
+``make vllm`` (which ``make test`` and ``.ci/run`` call first) builds ``.venv-vllm``; where vLLM cannot
+install it records why, and only then do these tests skip, quoting it. The engine holds both cores
+while it works: the server is started once for the module and stopped at its end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from prmloop.flows.engine import engine_environment
+from prmloop.flows.stack import down, read_state, service_report, up
+from prmloop.models.backends.base import SamplingParams, Tokenized
+from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, TokenizedOpenAIBackend
+from prmloop.models.backends.registry import build_backend
+from prmloop.store.settings import StateSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = ROOT / ".venv-vllm"
+PROMPT = "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"
+FEW_SHOT = "Q: 2 + 3?\nA: The answer is 5.\nQ: 4 + 4?\nA: The answer is 8.\nQ: 1 + 6?\nA:"
+
+
+def _vllm_python() -> Path:
+    failed = VLLM_VENV / ".install-failed"
+    if failed.is_file():
+        reason = " ".join(failed.read_text().split())[:500]
+        pytest.skip(f"vLLM's engine cannot install on this machine; `make vllm` recorded: {reason}")
+    python = VLLM_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.fail("no .venv-vllm in this checkout: run `make vllm` first (`make test` and .ci/run do)")
+    return python
+
+
+def test_the_in_process_backend_keeps_its_contract_in_the_vllm_environment() -> None:
+    python = _vllm_python()
+    env = {**os.environ, **engine_environment(), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    result = subprocess.run(
+        [str(python), "-m", "pytest", "--noconftest", "-p", "no:cacheprovider", "-q", "tests/vllm_env"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        check=False,
+    )
+    tail = result.stdout[-4000:]
+    assert result.returncode == 0, tail + result.stderr[-2000:]
+    summary = tail.strip().splitlines()[-1]
+    assert re.search(r"\b8 passed\b", summary), summary
+    assert not re.search(r"skipped|failed|error|deselected", summary), summary
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, StateSettings]]:
+    _vllm_python()
+    state = StateSettings(home=tmp_path_factory.mktemp("engine-home"))
+    try:
+        summary = up(["engine"], state=state, say=lambda line: None)
+        yield summary["running"]["engine"]["url"], state
+    finally:
+        down(state=state, say=lambda line: None)
+
+
+@pytest.fixture(scope="module")
+def client(engine: tuple[str, StateSettings]) -> Iterator[Any]:
+    backend = build_backend({"backend": "openai", "model": "smollm2", "options": {"base_url": engine[0]}})
+    yield backend
+    backend.close()
+
+
+def test_the_embedded_model_gets_a_client_with_its_tokenizer(client: Any) -> None:
+    assert isinstance(client, TokenizedOpenAIBackend) and isinstance(client, Tokenized)
+
+
+def test_sampled_logprobs_n_and_echoed_scores_agree(client: TokenizedOpenAIBackend) -> None:
+    params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=5)
+    results = client.generate([PROMPT, FEW_SHOT], params)
+    assert [len(r) for r in results] == [4, 4]
+    compared = 0
+    for prompt, completions in zip([PROMPT, FEW_SHOT], results, strict=True):
+        for completion in completions:
+            assert 0 < len(completion.token_ids) == len(completion.logprobs) <= 16
+            assert completion.prompt_tokens == len(client.encode_prompt(prompt))
+            [scored] = client.score([(prompt, client.tokenizer.decode(list(completion.token_ids)))])
+            if scored.token_ids == completion.token_ids:
+                compared += 1
+                assert max(abs(a - b) for a, b in zip(scored.logprobs, completion.logprobs, strict=True)) < 1e-3
+    assert compared >= 4
+
+
+def test_stop_strings_end_the_text_before_them(client: TokenizedOpenAIBackend) -> None:
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    [full] = client.rollouts(FEW_SHOT, 1, greedy)
+    assert "\n" in full.text, full.text
+    [stopped] = client.rollouts(FEW_SHOT, 1, greedy.model_copy(update={"stop": ("\n",)}))
+    assert (stopped.finish_reason, stopped.stop_reason) == ("stop", "\n")
+    assert stopped.text == full.text[: full.text.index("\n")]
+
+
+def test_the_answer_stop_keeps_the_answers_tokens_with_or_without_a_local_tokenizer(
+    engine: tuple[str, StateSettings], client: TokenizedOpenAIBackend
+) -> None:
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    [full] = client.rollouts(FEW_SHOT, 1, greedy)
+    [cut] = client.rollouts(FEW_SHOT, 1, greedy.model_copy(update={"stop_at_answer": True}))
+    assert "The answer is" in full.text and len(cut.text) < len(full.text), full.text
+    assert (cut.finish_reason, cut.stop_reason) == ("stop", "answer") and full.text.startswith(cut.text)
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    assert client.tokenizer.decode(list(cut.token_ids)).startswith(cut.text)
+    with OpenAICompatibleBackend("smollm2", base_url=engine[0]) as plain:  # cuts with the server's /detokenize
+        [plain_cut] = plain.rollouts(FEW_SHOT, 1, greedy.model_copy(update={"stop_at_answer": True}))
+    assert (plain_cut.text, plain_cut.token_ids) == (cut.text, cut.token_ids)
+
+
+def _cached_tokens(url: str, body: dict[str, Any]) -> int:
+    response = httpx.post(f"{url}/completions", json={"model": "smollm2", **body}, timeout=300)
+    response.raise_for_status()
+    return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def test_teacher_forced_scoring_does_not_cost_rollouts_their_prefix_cache(
+    engine: tuple[str, StateSettings], client: TokenizedOpenAIBackend
+) -> None:
+    url = engine[0]
+    prefix = client.encode_prompt(FEW_SHOT * 8)
+    rollouts = {"prompt": prefix, "n": 4, "max_tokens": 4, "temperature": 1.0, "seed": 1}
+    _cached_tokens(url, rollouts)
+    warm = _cached_tokens(url, rollouts)
+    assert warm >= len(prefix) // 2, (warm, len(prefix))
+    # Prompt log-probabilities bypass the cache: a scoring request prefills its whole prompt ...
+    echo = {"prompt": prefix, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": 1}
+    assert _cached_tokens(url, echo) == 0
+    # ... but scoring many continuations of that prefix leaves the rollouts' cached blocks in place.
+    continuations = [f" The answer is {i}." for i in range(12)]
+    client.score([(FEW_SHOT * 8, text) for text in continuations])
+    assert _cached_tokens(url, rollouts) == warm
+
+
+def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSettings], topic_reader: Any) -> None:
+    from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
+    from prmloop.consumers.scorer import ScorerSettings, run_scorer
+    from prmloop.flows.sample import run_sample
+    from prmloop.producers.sampler import SampleSettings
+    from prmloop.store.broker import EmbeddedBroker
+    from prmloop.store.events import StepsLabeled, StepsScored
+    from prmloop.store.kafka import ensure_topics
+
+    url = engine[0]
+    served = {"backend": "openai", "model": "smollm2", "base_url": url}
+    with EmbeddedBroker() as broker:
+        servers = broker.bootstrap_servers
+        ensure_topics(servers)
+        sampled = run_sample(
+            SampleSettings(
+                **served, dataset="arith", level=3, limit=3, k=4, m=1, n=3, max_new_tokens=96, prefect=False
+            ),
+            bootstrap_servers=servers,
+            prefect=False,
+        )
+        assert sampled["question_errors"] == [] and sampled["events_published"] > 0, sampled
+        scored = run_scorer(ScorerSettings(until_idle=3), bootstrap_servers=servers, install_signal_handlers=False)
+        # The tokenized client recorded each step's token offset: no solution needs teacher forcing.
+        assert scored["dead_lettered"] == 0 and scored["teacher_forced"] == 0, scored
+        scored_events = [e.payload for e in topic_reader(servers, [StepsScored.TOPIC])]
+        incorrect = [p for p in scored_events if isinstance(p, StepsScored) and p.correct is False]
+        assert len(scored_events) == scored["scored_from_logprobs"] == sampled["selected"] > 0 and incorrect, scored
+        annotated = run_annotator(
+            AnnotatorSettings(
+                **served,
+                topic=StepsScored.TOPIC,
+                strategy="adaptive_binary",
+                n0=4,
+                n_min=2,
+                n_max=8,
+                max_new_tokens=64,
+                until_idle=3,
+                max_solutions=2,
+            ),
+            bootstrap_servers=servers,
+            install_signal_handlers=False,
+        )
+        assert annotated["dead_lettered"] == 0, annotated
+        assert annotated["labelled"] + annotated["unresolved"] == min(2, len(incorrect)), annotated
+        labels = [e.payload for e in topic_reader(servers, [StepsLabeled.TOPIC])]
+        assert len(labels) == annotated["labelled"]
+        for label in labels:
+            assert isinstance(label, StepsLabeled) and label.cost.rollouts > 0
+            assert [(c.backend, c.name) for c in label.completers] == [("openai", "smollm2")]
+
+
+def test_status_shows_the_engine_and_its_load_and_down_stops_it(engine: tuple[str, StateSettings]) -> None:
+    url, state = engine
+    entry = service_report(state)["engine"]
+    assert entry["state"] == "running" and entry["url"] == url
+    assert entry["load"]["cpu_cores_busy"] >= 0 and "requests_running" in entry["load"], entry
+    record = read_state(state, "engine")
+    assert record is not None
+    assert down(state=state, say=lambda line: None) == ["engine"]
+    assert not record.alive and read_state(state, "engine") is None
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
