@@ -244,7 +244,7 @@ class StepsScored(Payload):
 
 class SolutionSelected(Payload):
     """Whether a scored solution is worth its labels, decided by the promoted ensemble PRM (ActPRM's
-    rule, :mod:`prmloop.models.prm.active`): the annotator and the judge read this topic and label only
+    rule, in the models layer's prm/active.py): the annotator and the judge read this topic and label only
     ``decision == "label"``. It carries the scored solution whole, so they read nothing on the side; a
     newer PRM may decide again on a solution an older one skipped (a new event, a new id)."""
 
