@@ -112,6 +112,11 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     max_solutions: int | None = Field(
         default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
     )
+    free_only: bool = Field(
+        default=False,
+        description="label only the correct solutions (their labels cost no rollout) and pass over the rest; "
+        "run it in a group of its own (--group) beside the rollout annotator, which still sees every solution",
+    )
     sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
     seed: int = Field(default=0, description="rollout seed: the same state and draw give the same rollouts")
 
@@ -286,6 +291,7 @@ class AnnotatorStats:
                 "aborted": self.counts["aborted"],
                 "rejected": self.counts["rejected"],
                 "skipped_by_selection": self.counts["skipped_by_selection"],
+                "left_for_rollouts": self.counts["left_for_rollouts"],
                 "published": self.counts["published"],
                 "rollouts": self.rollouts,
                 "generated_tokens": self.generated_tokens,
@@ -322,6 +328,7 @@ class Annotator:
         checker: AnswerChecker = exact_match,
         max_in_flight: int = 1,
         max_aborts: int = 3,
+        free_only: bool = False,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -332,6 +339,7 @@ class Annotator:
         self.checker = checker
         self.max_in_flight = max_in_flight
         self.max_aborts = max_aborts
+        self.free_only = free_only
         self.stats = AnnotatorStats()
         self._aborts: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="annotate")
@@ -347,6 +355,10 @@ class Annotator:
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
         skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
         self.stats.count("skipped_by_selection", len(skipped))
+        if self.free_only:
+            costly = [c for c in todo if not _free(c.event.payload)]
+            self.stats.count("left_for_rollouts", len(costly))
+            todo = [c for c in todo if c not in costly]
         todo = labelling_order(todo)
         self.stats.started()
         if self.max_in_flight == 1 or len(todo) <= 1:
@@ -454,7 +466,15 @@ def run_annotator(
     strategy, completers, refs, checker = components or build_annotator(settings)
     outbox = Outbox(outbox_dir, name="annotator") if outbox_dir is not None else None
     producer = EventProducer(bootstrap_servers, kafka=kafka, outbox=outbox)
-    handler = Annotator(strategy, completers, refs, producer.publish, checker=checker, max_in_flight=settings.in_flight)
+    handler = Annotator(
+        strategy,
+        completers,
+        refs,
+        producer.publish,
+        checker=checker,
+        max_in_flight=settings.in_flight,
+        free_only=settings.free_only,
+    )
     runtime = ConsumerRuntime(
         topics=[settings.topic],
         group_id=settings.group,

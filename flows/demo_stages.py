@@ -48,6 +48,8 @@ SOLUTIONS_PER_QUESTION = 2 + 4
 MIN_ROUND_TOKENS = SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION / 0.4
 #: The held-out set of every round's PRM (free to make; sampling the model's own would cost minutes).
 EVAL_SET = "arith-reference"
+#: The consumer group of the demo's free labels (correct solutions, no rollouts).
+FREE_LABELS_GROUP = "prmloop-annotator-free"
 
 
 @dataclass(frozen=True)
@@ -211,17 +213,27 @@ class Stages:
         )
         tick = time.monotonic()
         reserve = FINAL_RESERVE_S + (rounds - index - 1) * ROUND_OVERHEAD_S + 30
+        annotating = AnnotatorSettings(
+            strategy="adaptive_binary",
+            n0=4,
+            n_min=2,
+            n_max=8,
+            max_new_tokens=plan.rollout_tokens,
+            until_idle=5,
+            max_solutions=plan.annotate,
+            threads=s.threads,
+        )
+        # Every correct solution's label first, in a group of its own: they cost no rollout, and the
+        # capped search below would reach only those that share a batch with the solutions it takes.
+        # The same settings give the same event ids, so a label both passes publish is stored once.
+        free = run_annotator(
+            annotating.model_copy(update={"free_only": True, "group": FREE_LABELS_GROUP, "max_solutions": None}),
+            bootstrap_servers=self.servers,
+            outbox_dir=outbox,
+            install_signal_handlers=False,
+        )
         labelled = run_annotator(
-            AnnotatorSettings(
-                strategy="adaptive_binary",
-                n0=4,
-                n_min=2,
-                n_max=8,
-                max_new_tokens=plan.rollout_tokens,
-                until_idle=5,
-                max_solutions=plan.annotate,
-                threads=s.threads,
-            ),
+            annotating,
             bootstrap_servers=self.servers,
             outbox_dir=outbox,
             until=lambda: self.left() < reserve,
@@ -242,7 +254,7 @@ class Stages:
         )
         self.report(
             name,
-            f"MC: {labelled['labelled']} first errors, {labelled['all_correct']} correct solutions labelled, "
+            f"MC: {labelled['labelled']} first errors, {free['all_correct']} correct solutions labelled (free), "
             f"{labelled['unresolved']} unresolved ({labelled['rollouts']} rollouts, {labelled['generated_tokens']} "
             f"tokens){cut}; judge ({s.judge}): {judged.get('judged')}; consensus: {decided.get('accepted')} accepted, "
             f"{decided.get('rejected')} rejected",
@@ -252,7 +264,10 @@ class Stages:
         return {
             "sample": {k: sampled[k] for k in ("questions", "solutions", "correct", "incorrect", "completion_tokens")},
             "select": {"label": selected["label"], "skip": selected["skip"]},
-            "annotate": {k: labelled.get(k) for k in ("labelled", "all_correct", "unresolved", "generated_tokens")},
+            "annotate": {
+                **{k: labelled.get(k) for k in ("labelled", "unresolved", "generated_tokens")},
+                "all_correct": free["all_correct"],
+            },
             "consensus": {k: decided.get(k) for k in ("accepted", "rejected", "waiting")},
             "retrain": retrained,
             "generated_tokens": int(probed["probe_tokens"])

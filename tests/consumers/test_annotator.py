@@ -71,6 +71,30 @@ def test_correct_solutions_get_all_true_labels_and_ungraded_ones_are_rejected() 
     assert (event.payload.method, event.payload.labels) == ("all_correct", (True,) * solution.n_steps)
 
 
+def test_free_only_labels_the_correct_solutions_with_the_rollout_annotators_ids() -> None:
+    """The demo's free pass: correct solutions labelled (no rollout), the rest passed over for the
+    rollout annotator, whose label of a correct solution has the same id (stored once)."""
+    solutions = simulate_solutions(4, seed=3)
+    batch = [_consumed(_sampled(s, i, correct=i % 2 == 0), i) for i, s in enumerate(solutions)]
+    free: list[list[Envelope]] = []
+    everything: list[list[Envelope]] = []
+    recording = _RecordingCompleter(solutions)
+    handler = Annotator(AdaptiveBinarySearch(), [recording], [SIM], free.append, free_only=True)
+    assert list(handler(batch)) == []
+    assert recording.prefixes == []  # not one rollout
+    (published,) = free
+    assert [e.payload.solution_id for e in published] == [
+        f"sol-{solutions[0].question}-0",
+        f"sol-{solutions[2].question}-2",
+    ]
+    assert all(e.payload.method == "all_correct" for e in published)
+    assert handler.stats.as_dict()["left_for_rollouts"] == 2
+    Annotator(AdaptiveBinarySearch(), [SimulatedCompleter(solutions)], [SIM], everything.append)(batch)
+    by_solution = {e.payload.solution_id: e.event_id for e in everything[0]}
+    assert len(by_solution) == 4
+    assert all(by_solution[e.payload.solution_id] == e.event_id for e in published)
+
+
 def test_the_annotator_labels_every_solution_from_a_real_broker(kafka_bootstrap: str) -> None:
     topic = f"test-sampled-{uuid.uuid4().hex[:8]}"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2), TopicSpec(dlq_topic(topic), 1)])
