@@ -1,19 +1,14 @@
-"""The MC-PPL annotator: ``steps.scored`` -> ``steps.labeled`` with one configured strategy.
+"""The MC-PPL annotator: ``steps.selected`` (or ``steps.scored``) -> ``steps.labeled``, one strategy.
 
-The annotator is downstream of the step scorer: each ``StepsScored`` carries the solution as the
-annotator needs it (problem text, steps, grade, gold answer) and, where it is known, each step's Δu
-for the uncertainty-driven strategy, so the annotator reads one topic and looks nothing up.
-
-Runs on :class:`prmloop.store.consumer.ConsumerRuntime` in a consumer group (run several processes
-with the same ``group`` to share the partitions): the handler works in a worker thread while the
-partitions are paused, and offsets are committed after the labels are acknowledged by the broker.
-Every ``StepsLabeled`` has a deterministic event id of (solution, strategy, parameters, completers),
-so an annotator killed in the middle of a solution and restarted re-publishes the same id and the sink
-keeps each label once. Several solutions of a batch are annotated at once (``in_flight`` threads):
-worth it when the engine batches concurrent requests (vLLM, an OpenAI-compatible server).
-
-:class:`AnnotatorSettings` declares every option once (``prmloop annotate``, ``PRMLOOP_ANNOTATOR_*``);
-:func:`build_annotator` turns them into the strategy, the completers and the answer checker.
+Each event carries the solution as the annotator needs it (problem, steps, grade, gold answer, each
+step's Δu where known), so it reads one topic and looks nothing up. It runs on
+:class:`prmloop.store.consumer.ConsumerRuntime` in a consumer group (processes with one ``group`` share
+the partitions); offsets are committed after the labels are acknowledged. Every ``StepsLabeled`` has a
+deterministic id of (solution, strategy, parameters, completers), so a restarted annotator re-publishes
+the same id and the sink keeps each label once. ``in_flight`` solutions of a batch are annotated at
+once (worth it where the engine batches concurrent requests). :class:`AnnotatorSettings` declares every
+option once (``prmloop annotate``, ``PRMLOOP_ANNOTATOR_*``); :func:`build_annotator` builds the strategy,
+the completers and the answer checker from them.
 """
 
 from __future__ import annotations
@@ -113,9 +108,7 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
     )
     free_only: bool = Field(
-        default=False,
-        description="label only the correct solutions (their labels cost no rollout) and pass over the rest; "
-        "run it in a group of its own (--group) beside the rollout annotator, which still sees every solution",
+        default=False, description="label only the correct solutions (no rollouts); run it in a --group of its own"
     )
     sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
     seed: int = Field(default=0, description="rollout seed: the same state and draw give the same rollouts")
@@ -250,6 +243,11 @@ def _selection_score(payload: object) -> float:
     return float("inf")  # nothing known about it: as uncertain as can be
 
 
+#: What :class:`AnnotatorStats` counts, in the order its summary lists them.
+COUNTED: tuple[str, ...] = ("labelled", "all_correct", "unresolved", "aborted", "rejected", "skipped_by_selection")
+COUNTED += ("left_for_rollouts", "published")
+
+
 class AnnotatorStats:
     """What an annotator did (thread-safe counters; ``as_dict`` for a JSON summary)."""
 
@@ -285,14 +283,7 @@ class AnnotatorStats:
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
             return {
-                "labelled": self.counts["labelled"],
-                "all_correct": self.counts["all_correct"],
-                "unresolved": self.counts["unresolved"],
-                "aborted": self.counts["aborted"],
-                "rejected": self.counts["rejected"],
-                "skipped_by_selection": self.counts["skipped_by_selection"],
-                "left_for_rollouts": self.counts["left_for_rollouts"],
-                "published": self.counts["published"],
+                **{k: self.counts[k] for k in COUNTED},
                 "rollouts": self.rollouts,
                 "generated_tokens": self.generated_tokens,
                 "verified_steps": self.verified_steps,
