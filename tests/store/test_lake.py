@@ -160,6 +160,18 @@ def test_readers_do_not_wait_for_a_writer_in_the_middle_of_a_transaction(lake_st
     writer.close()
 
 
+def test_readers_never_draw_a_progress_bar_on_stdout(lake_store: LakeStore, tmp_path: Path) -> None:
+    """DuckDB draws a progress bar on stdout for a query over 2 s: `prmloop status` printed one into
+    its JSON while a killed piece of the cluster slowed the catalog down. No reader may draw one."""
+    import duckdb
+
+    lake_writer(lake_store).close()
+    file_store = tmp_path / "store.duckdb"
+    duckdb.connect(str(file_store)).close()
+    for store in (lake_store, file_store):
+        assert query(store, "SELECT current_setting('enable_progress_bar')").rows == [(False,)], store
+
+
 def test_compaction_merges_small_files_and_the_data_stays(lake_store: LakeStore) -> None:
     writer = lake_writer(lake_store)
     events = synthetic_events(1200, k=2, seed=6)
