@@ -58,6 +58,7 @@ __all__ = [
     "AnnotatorStats",
     "build_annotator",
     "labeled_event",
+    "labelling_order",
     "run_annotator",
 ]
 
@@ -227,6 +228,17 @@ def labeled_event(
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
 
 
+def labelling_order(batch: list[ConsumedEvent]) -> list[ConsumedEvent]:
+    """Correct solutions first (their labels cost no rollout), then the most uncertain by the selector's
+    score: a run stopped by ``--max-solutions`` or its time leaves the least useful ones behind."""
+    return sorted(batch, key=lambda c: (not _free(c.event.payload), -_selection_score(c.event.payload)))
+
+
+def _free(payload: object) -> bool:
+    scored = scored_to_label(payload) if isinstance(payload, SolutionSelected | StepsScored) else None
+    return bool(scored is not None and scored.correct)
+
+
 def _selection_score(payload: object) -> float:
     if isinstance(payload, SolutionSelected) and payload.score is not None:
         return payload.score
@@ -335,8 +347,7 @@ class Annotator:
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
         skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
         self.stats.count("skipped_by_selection", len(skipped))
-        # Most uncertain first (the selector's score): with a partial budget the best are labelled.
-        todo.sort(key=lambda c: -_selection_score(c.event.payload))
+        todo = labelling_order(todo)
         self.stats.started()
         if self.max_in_flight == 1 or len(todo) <= 1:
             results = [self._one(c) for c in todo]

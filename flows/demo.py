@@ -1,8 +1,9 @@
 """``prmloop demo``: the loop, round after round, on the embedded defaults, within a time budget.
 
-It registers and **prioritizes** arithmetic-curriculum questions, samples a held-out set once (questions
-the loop never samples, exact first errors), then runs rounds of the loop (:mod:`prmloop.flows.demo_stages`:
-sample, score, select, annotate, judge, consensus, retrain the ensemble PRM) and reports each round's
+It makes a held-out set (reference solutions of curriculum questions the loop never samples, and copies
+with one result changed: known first errors), then runs rounds of the loop (:mod:`prmloop.flows.demo_stages`:
+prioritize new questions, sample the top of the queue, score, select, annotate, judge, consensus, retrain
+the ensemble PRM) and reports each round's
 held-out F1 next to the labels and tokens spent: the loop's learning curve. Then it **calibrates** the
 aggregation and publishes the monitor's artifacts (``loop-learning`` among them).
 
@@ -294,28 +295,35 @@ def _run_rounds(
         )
         out["cut"].append("every round")
         return out
-    questions = first.questions * s.rounds + 2
     term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
     stages.heldout()
-    tick = time.monotonic()
-    probed = stages.prioritize(questions)
-    # Prioritizing is sampling like a round's: its speed is the first measurement of the real work.
-    measured_tokens, measured_s = float(probed["probe_tokens"]), time.monotonic() - tick
+    measured_tokens, measured_s = 0.0, 0.0
+    last = False
     for index in range(s.rounds):
         rate = (measured_tokens / measured_s) if measured_s > 20 else speed
         plan = plan_round(rate, left(), s.rounds - index)
+        if plan is None and index + 1 < s.rounds:
+            # Fewer rounds then: this one gets all the time left, the later ones are cut.
+            plan = plan_round(rate, left(), 1)
+            if plan is not None:
+                what = f"rounds {index + 2}-{s.rounds}" if index + 2 < s.rounds else f"round {index + 2}"
+                term.stage("budget", f"cut {what} ({left():.0f}s left at {rate:.0f} tokens/s): this round is the last")
+                out["cut"].append(what)
+                last = True
         if plan is None:
             what = f"rounds {index + 1}-{s.rounds}" if index + 1 < s.rounds else f"round {index + 1}"
             term.stage("budget", f"cut {what}: {left():.0f}s left at {rate:.0f} tokens/s")
             out["cut"].append(what)
             break
         term.stage(f"round {index + 1}/{s.rounds}", f"plan at {rate:.0f} tokens/s: {plan.describe()}")
-        result = stages.round(index, s.rounds, plan)
+        result = stages.round(index, index + 1 if last else s.rounds, plan)
         out["rounds"].append(result)
         measured_tokens += result["generated_tokens"]
         measured_s += result["generation_s"]
         if result["cut"]:
             out["cut"].append(f"round {index + 1}'s annotation")
+        if last:
+            break
     if left() > 40:
         stages.calibrate()
     else:

@@ -2,12 +2,13 @@
 the settings, the plan of a round and how it is sized.
 
 Each stage is a real run of a service or flow on the demo's broker and store. A round is the loop
-once: **sample** from the prioritized queue, **score** the steps, **select** (the promoted ensemble
-PRM decides which solutions are worth their labels; none promoted yet: all of them), **annotate**
-with MC rollouts, **judge** (the curriculum's exact step checker by default), **consensus**, and
-**retrain** the ensemble PRM on the accepted labels, scored on a held-out set of curriculum solutions
-with known first errors (reference solutions of questions the loop never samples, and copies with one
-result changed): the round's held-out F1 is the loop's learning curve.
+once: **prioritize** new questions (two probes each) and **sample** the top of the queue, **score**
+the steps, **select** (the promoted ensemble PRM decides which solutions are worth their labels; none
+promoted yet: all of them), **annotate** with MC rollouts, **judge** (the curriculum's exact step
+checker by default), **consensus**, and **retrain** the ensemble PRM on the accepted labels, scored on
+a held-out set of curriculum solutions with known first errors (reference solutions of questions the
+loop never samples, and copies with one result changed): the round's held-out F1 is the loop's
+learning curve.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ FINAL_RESERVE_S = 60.0
 #: Tokens a curriculum solution and an MC label cost on average (level 1, SmolLM2; measured).
 TOKENS_PER_SOLUTION = 70
 TOKENS_PER_LABEL = 500
-#: The tokens of the smallest round: one question of ``k = 4`` solutions at 40 % of the round's tokens.
-MIN_ROUND_TOKENS = 4 * TOKENS_PER_SOLUTION / 0.4
+#: Solutions a question costs in a round: two probes (prioritizing) and ``k = 4`` samples.
+SOLUTIONS_PER_QUESTION = 2 + 4
+#: The tokens of the smallest round: one question at 40 % of the round's tokens.
+MIN_ROUND_TOKENS = SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION / 0.4
 #: The held-out set of every round's PRM (free to make; sampling the model's own would cost minutes).
 EVAL_SET = "arith-reference"
 
@@ -74,13 +77,14 @@ class RoundPlan:
 
 def plan_round(tokens_per_s: float, seconds_left: float, rounds_left: int) -> RoundPlan | None:
     """The next round's sizes: this round's share of the time left (less the final reserve and the
-    rounds' fixed overhead) as tokens at the speed measured so far, 40 % sampling and 60 % MC labels.
+    rounds' fixed overhead) as tokens at the speed measured so far, 40 % prioritizing and sampling
+    (two probes and four samples a question) and 60 % MC labels.
     ``None``: not even one question fits (the round is cut)."""
     rounds_left = max(1, rounds_left)
     spare = seconds_left - FINAL_RESERVE_S - rounds_left * ROUND_OVERHEAD_S
     tokens = max(0.0, tokens_per_s) * max(0.0, spare) / rounds_left
     k = 4
-    questions = min(6, int(0.4 * tokens / (k * TOKENS_PER_SOLUTION)))
+    questions = min(6, int(0.4 * tokens / (SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION)))
     if questions < 1:
         return None
     return RoundPlan(questions=questions, k=k, annotate=max(1, min(6, int(0.6 * tokens / TOKENS_PER_LABEL))))
@@ -118,7 +122,7 @@ class Stages:
     report: Report
     stored: Callable[[], int]
     left: Callable[[], float]
-    eval_questions: int = 12
+    eval_questions: int = 8
 
     def heldout(self) -> int:
         """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
@@ -133,7 +137,9 @@ class Stages:
         )
         return len(items)
 
-    def prioritize(self, questions: int, *, round: int = 0, prm: Any = None) -> dict[str, Any]:
+    def prioritize(self, questions: int, *, index: int) -> dict[str, Any]:
+        """Probe ``questions`` new curriculum questions (seed ``settings.seed + index``: each round its own)
+        with two samples each, and queue them by priority; the probes' solutions are labelled like any."""
         from prmloop.flows.prioritize import run_prioritize
         from prmloop.producers.prioritize import PrioritizeSettings
 
@@ -143,16 +149,16 @@ class Stages:
             level=s.level,
             limit=questions,
             k=2,
-            round=round,
-            seed=s.seed,
+            round=0,
+            seed=s.seed + index,
             max_new_tokens=192,
             threads=s.threads,
         )
-        out = run_prioritize(settings, bootstrap_servers=self.servers, prm=prm)
+        out = run_prioritize(settings, bootstrap_servers=self.servers)
         self.report(
-            "prioritize",
-            f"probed {out['questions']} questions ({out['probe_tokens']} tokens): {out['hopeless']} all wrong, "
-            f"{out['trivial']} all right; the queue is in question_priorities",
+            f"round {index + 1}",
+            f"prioritized {out['questions']} new questions ({out['probe_tokens']} probe tokens): {out['hopeless']} "
+            f"all wrong, {out['trivial']} all right",
         )
         wait_stored(self.stored)
         return out
@@ -171,6 +177,7 @@ class Stages:
         s, name = self.settings, f"round {index + 1}/{rounds}"
         outbox = StateSettings().outbox_dir
         tick = time.monotonic()
+        probed = self.prioritize(plan.questions + 2, index=index)
         sampled = run_sample(
             SampleSettings(
                 from_queue=True,
@@ -188,7 +195,7 @@ class Stages:
         sample_s = time.monotonic() - tick
         self.report(
             name,
-            f"sampled {sampled['questions']} questions from the queue: {sampled['solutions']} solutions "
+            f"sampled the top {sampled['questions']} of the queue: {sampled['solutions']} solutions "
             f"({sampled['correct']} correct, {sampled['incorrect']} incorrect, {sampled['completion_tokens']} tokens)",
         )
         scored = run_scorer(ScorerSettings(until_idle=3), bootstrap_servers=self.servers, install_signal_handlers=False)
@@ -248,7 +255,9 @@ class Stages:
             "annotate": {k: labelled.get(k) for k in ("labelled", "all_correct", "unresolved", "generated_tokens")},
             "consensus": {k: decided.get(k) for k in ("accepted", "rejected", "waiting")},
             "retrain": retrained,
-            "generated_tokens": int(sampled["completion_tokens"]) + int(labelled["generated_tokens"]),
+            "generated_tokens": int(probed["probe_tokens"])
+            + int(sampled["completion_tokens"])
+            + int(labelled["generated_tokens"]),
             "generation_s": sample_s + annotate_s,
             "cut": bool(cut),
         }

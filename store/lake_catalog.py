@@ -114,6 +114,10 @@ def parse_lake(spec: str, *, default_data_path: Path) -> LakeStore:
     data_path = default_data_path
     if kind == "pgserver":
         where = str(Path(where).expanduser().resolve())
+        if Path(where).exists() and not Path(where).is_dir():
+            raise ValueError(
+                f"PRMLOOP_STORE={spec!r}: {where} is a file; ducklake:pgserver: needs a folder (new or the lake's own)"
+            )
         if "reader" in options:
             raise ValueError(f"PRMLOOP_STORE={spec!r}: #reader= is for postgres: catalogs (pgserver makes its own)")
         data_path = pgserver_folders(Path(where))[1] or default_data_path

@@ -77,7 +77,7 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
         ensemble = _rows(con, in_force + "WHERE kind = 'prm_ensemble' AND in_force")
         learning = [
             {
-                "round": i,
+                "round": i + 1,  # as the demo counts its rounds
                 "model_id": model,
                 "registered_at": str(at),
                 "train_solutions": int(n or 0),

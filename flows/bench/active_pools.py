@@ -5,9 +5,10 @@
 - ``arith``: the embedded model's own solutions to arithmetic-curriculum questions (levels 1-3,
   T = 0.7, four per question), kept where the exact checker decides (a located first error, or every
   step verified and the answer right); the labeller and the truth are the checker's first errors.
-- ``arith-mc``: a share of the ``arith`` pool labelled by the real MC annotator (adaptive binary
-  search, SmolLM2 rollouts, the annotator's own pieces); each label keeps its token cost, so every arm
-  replays the same labels and pays what they cost. The truth stays the checker's.
+- ``arith-mc``: a share of the ``arith`` pool's pool half labelled by the real MC annotator (adaptive
+  binary search, SmolLM2 rollouts, the annotator's own pieces); each label keeps its token cost, so
+  every arm replays the same labels and pays what they cost. The truth stays the checker's, and the
+  held-out half is the whole ``arith`` held-out half (no rollouts spent on it).
 
 Sampled solutions and MC labels are computed once and kept under ``$PRMLOOP_HOME/bench/active``
 (append-only JSON lines, resumed where an interrupted build stopped); a pool is split into a pool half
@@ -20,7 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -219,7 +220,9 @@ MC_SETTINGS: dict[str, Any] = {
 
 
 def _mc_labels(root: Path, items: list[PoolItem], limit: int, *, threads: int | None, say: Say) -> list[PoolItem]:
-    """The first ``limit`` items of ``items`` (in a fixed shuffled order) labelled by the MC annotator."""
+    """The first ``limit`` pool-half items of ``items`` (in a fixed shuffled order) labelled by the MC
+    annotator, and every held-out-half item, whose exact first error is what the arms are scored on
+    (rollouts spent on the held-out half would be wasted)."""
     import random
 
     from prmloop.consumers.annotator import AnnotatorSettings, build_annotator
@@ -228,7 +231,8 @@ def _mc_labels(root: Path, items: list[PoolItem], limit: int, *, threads: int | 
     digest = hashlib.sha256(json.dumps(MC_SETTINGS, sort_keys=True).encode()).hexdigest()[:10]
     path = root / f"arith-mc-{digest}.jsonl"
     known = {r["key"]: r for r in _read_lines(path)}
-    chosen = sorted(items, key=lambda i: i.key)
+    pool_half, held_out = split_pool(items)
+    chosen = sorted(pool_half, key=lambda i: i.key)
     random.Random(0).shuffle(chosen)
     chosen = chosen[:limit]
     todo = [i for i in chosen if i.key not in known]
@@ -289,7 +293,7 @@ def _mc_labels(root: Path, items: list[PoolItem], limit: int, *, threads: int | 
                 answer=item.answer,
             )
         )
-    return out
+    return out + [replace(item, label_first_error=item.first_error, cost=0.0) for item in held_out]
 
 
 def _gold(item: PoolItem) -> str:

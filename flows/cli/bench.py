@@ -150,7 +150,9 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
         "random,actprm,epistemic,aleatoric,priority,full"
     ),
     arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 60,
-    mc_limit: Annotated[int, typer.Option(help="arith-mc: solutions labelled by MC rollouts (once, cached)")] = 160,
+    mc_limit: Annotated[
+        int, typer.Option(help="arith-mc: pool-half solutions labelled by MC rollouts (once, cached)")
+    ] = 160,
     label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
     order: Annotated[
         str,

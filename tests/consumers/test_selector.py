@@ -187,3 +187,23 @@ def test_two_rounds_of_selection_on_a_real_broker_and_store(
     ensemble = PromotedEnsemble(strict, cache_dir=tmp_path / "features", loader=loader)
     again = revisit_skipped(strict, bootstrap_servers=kafka_bootstrap, ensemble=ensemble)
     assert again == {"revisited": len(skipped), "label": len(skipped), "skip": 0, "prm": newer}
+
+
+def test_the_annotator_takes_free_labels_first_then_the_most_uncertain() -> None:
+    from prmloop.consumers.annotator import labelling_order
+
+    def selected(i: int, *, correct: bool, score: float | None) -> Envelope:
+        s = _scored("order", i, correct=correct)
+        payload = SolutionSelected(
+            solution_id=s.solution_id, question_id=s.question_id, decision="label", reason="r", score=score, scored=s
+        )
+        return make_event(payload, producer="test")
+
+    events = [
+        selected(0, correct=False, score=1.5),
+        selected(1, correct=True, score=0.2),
+        selected(2, correct=False, score=9.0),
+        selected(3, correct=False, score=None),  # decided without a PRM: as uncertain as can be
+    ]
+    order = [c.event.payload.solution_id for c in labelling_order(_consumed(events))]  # type: ignore[union-attr]
+    assert order == ["s-order-1", "s-order-3", "s-order-2", "s-order-0"]

@@ -19,14 +19,15 @@ from prmloop.store.registry import model_registered
 
 
 def test_a_round_gets_its_share_of_the_time_left_as_tokens() -> None:
-    # 900 s left, 3 rounds: (900 - 60 - 3 x 75) / 3 = 205 s at 20 tokens/s = 4100 tokens;
-    # 40 % for sampling at 4 x 70 tokens a question = 5.86 -> 5 questions; 60 % at 500 a label = 4.9 -> 4
+    # 900 s left, 3 rounds: (900 - 60 - 3 x 75) / 3 = 205 s at 20 tokens/s = 4100 tokens; 40 % for
+    # prioritizing and sampling at (2 probes + 4 samples) x 70 tokens a question = 3.9 -> 3 questions;
+    # 60 % at 500 tokens a label = 4.9 -> 4
     assert (FINAL_RESERVE_S, ROUND_OVERHEAD_S) == (60.0, 75.0)
     plan = plan_round(20.0, 900.0, 3)
-    assert plan is not None and (plan.questions, plan.k, plan.annotate) == (5, 4, 4)
-    # the last round gets all that is left: (400 - 60 - 75) x 20 = 5300 -> 7.6 -> capped at 6; 6.36 -> 6
+    assert plan is not None and (plan.questions, plan.k, plan.annotate) == (3, 4, 4)
+    # the last round gets all that is left: (400 - 60 - 75) x 20 = 5300 -> 5.05 -> 5; 6.36 -> capped at 6
     last = plan_round(20.0, 400.0, 1)
-    assert last is not None and (last.questions, last.annotate) == (6, 6)
+    assert last is not None and (last.questions, last.annotate) == (5, 6)
     # too slow or too late for one question: the round is cut
     assert plan_round(2.0, 900.0, 3) is None
     assert plan_round(50.0, 100.0, 1) is None
@@ -61,7 +62,7 @@ def test_the_learning_curve_lists_each_rounds_ensemble_with_what_was_spent(tmp_p
     home.mkdir()
     store = _store_with_a_learning_curve(home, tmp_path)
     learning = loop_metrics(store.location)["learning"]
-    assert [r["round"] for r in learning] == [0, 1]
+    assert [r["round"] for r in learning] == [1, 2]
     assert [r["train_solutions"] for r in learning] == [3, 5]
     assert [round(r["heldout_f1"], 3) for r in learning] == [0.2, 0.3]
     assert all(r["promoted"] for r in learning)

@@ -58,6 +58,9 @@ def test_specs_parse_and_bad_ones_say_what_to_write(tmp_path: Path) -> None:
         parse_lake("ducklake:mysql:db", default_data_path=tmp_path)
     with pytest.raises(ValueError, match="#reader= is for postgres"):
         parse_lake(f"ducklake:pgserver:{tmp_path}/pg#reader=user=r", default_data_path=tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(ValueError, match="is a file; ducklake:pgserver: needs a folder"):
+        parse_lake(f"ducklake:pgserver:{tmp_path}/afile", default_data_path=tmp_path)
     assert isinstance(locate(tmp_path / "x.duckdb"), Path)
     assert isinstance(locate(f"ducklake:pgserver:{tmp_path}/pg"), LakeStore)
 
