@@ -9,6 +9,10 @@ a dead worker left. `prmloop status` is sampled after every kill and every resta
 published event is stored once, every solution scored, selected, labelled, judged and decided once,
 every flow run completed (the killed one crashed, then ran again), and status told the truth. It prints
 one JSON line: events, kills with their recovery times, lost, duplicated.
+
+A long soak test (about half an hour on two cores: PostgreSQL, two brokers, Prefect and nineteen
+processes), so it is opt-in: it runs only with ``PRMLOOP_CHAOS=1`` (``PRMLOOP_CHAOS=1 pytest
+tests/flows/test_cluster_chaos.py -s``), and is skipped, saying so, otherwise.
 """
 
 from __future__ import annotations
@@ -209,6 +213,11 @@ def _of_type(cluster: Cluster, event_type: str) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.skipif(
+    os.environ.get("PRMLOOP_CHAOS") != "1",
+    reason="a long soak test of the cluster: run it with PRMLOOP_CHAOS=1 pytest tests/flows/test_cluster_chaos.py",
+)
 @pytest.mark.timeout(1500)
 def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: Path) -> None:
     began = time.monotonic()
