@@ -7,7 +7,10 @@ the Prefect server on PostgreSQL, the work pools and ``prefect deploy --all`` of
 :data:`prmloop.flows.topology.APP_SERVICES` with its replicas (``sink-1``, ``sink-2``, ...), each in
 its consumer group, the store a DuckLake on that PostgreSQL. Every process is recorded under
 ``$PRMLOOP_HOME/run/cluster/`` and logs to ``$PRMLOOP_HOME/logs/<name>.log``; a second ``up --cluster``
-starts only what is not running (a restart policy by hand), ``down --cluster`` stops all of it.
+starts only what is not running (a restart policy by hand) and schedules again the flow runs a dead
+worker left pending or running (:mod:`prmloop.flows.cluster_runs`); ``down --cluster`` stops all of it.
+``prmloop status`` lists every process (:func:`cluster_report`) and reads the cluster's brokers and
+store (:func:`cluster_connection`).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.stack import ServiceState
+from prmloop.flows.stack import ServiceState, last_log_line
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.broker import free_port, port_open
+from prmloop.store.follow import read_links
 from prmloop.store.settings import StateSettings
 
-__all__ = ["ROOT", "cluster_down", "cluster_report", "cluster_up", "process_names"]
+__all__ = ["ROOT", "cluster_connection", "cluster_down", "cluster_report", "cluster_up", "process_names"]
 
 #: The checkout (``flows/`` sits at its top level): ``infra/prefect.yaml`` is deployed from here.
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,13 +50,19 @@ def _dir(state: StateSettings) -> Path:
     return state.run_dir / "cluster"
 
 
+def _read_ports(state: StateSettings) -> dict[str, int] | None:
+    try:
+        return {k: int(v) for k, v in json.loads((_dir(state) / "ports.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _ports(state: StateSettings) -> dict[str, int]:
     """The cluster's ports, chosen once and kept (a restarted piece comes back where clients look)."""
+    known = _read_ports(state)
+    if known is not None:
+        return known
     path = _dir(state) / "ports.json"
-    try:
-        return {k: int(v) for k, v in json.loads(path.read_text()).items()}
-    except (OSError, ValueError):
-        pass
     ports = {"postgres": free_port(), "prefect": free_port(), **{b: free_port() for b in BROKERS}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(ports))
@@ -253,18 +263,82 @@ def cluster_up(
         )
         for name in names:
             start(name, _argv(service), native_engine(service, engine))
-    return {"home": str(state.home), "started": started, "report": cluster_report(state)}
+    retried = _retry_orphans(url, say)
+    return {"home": str(state.home), "started": started, "retried_flow_runs": retried, "report": cluster_report(state)}
+
+
+def _retry_orphans(url: str, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Schedule again the flow runs a dead worker left behind (their worker was just restarted, or its
+    siblings in the pool are running: either picks them up)."""
+    from prmloop.flows.cluster_runs import retry_orphaned_runs
+
+    if not _http_ok(url + "/health"):
+        say("the Prefect server does not answer: flow runs of dead workers not checked (run up --cluster again)")
+        return []
+    retried = retry_orphaned_runs(url)
+    for run in retried:
+        say(
+            f"flow run {run['name']} ({run['id']}) was {run['was'].lower()} in pid {run['pid']}, which is gone: "
+            "marked crashed and scheduled again"
+        )
+    return retried
+
+
+#: The services that hold a Kafka connection (and keep a link record naming the broker they use).
+KAFKA_SERVICES = frozenset(s.name for s in APP_SERVICES if s.entrypoint == "prmloop" and not s.job)
 
 
 def cluster_report(state: StateSettings | None = None) -> dict[str, dict[str, Any]]:
-    """Every recorded process of the cluster: ``running`` or ``dead`` (with its pid and log)."""
+    """Every recorded process of the cluster: ``running`` or ``dead`` (with its pid and log; a dead one
+    with its log's last line: ``up --cluster`` starts it again). A running broker says the address it
+    serves, a running Kafka service the broker it reads from now (``broker-1``/``broker-2``, from its
+    link record, :mod:`prmloop.store.follow`) and whether that broker answered it last."""
     state = state or StateSettings()
+    ports = _read_ports(state) or {}
+    brokers = {f"127.0.0.1:{ports[b]}": b for b in BROKERS if b in ports}
+    links = {link["pid"]: link for link in read_links(state)}
     report: dict[str, dict[str, Any]] = {}
     for name in process_names():
         record = _record(state, name)
-        if record is not None:
-            report[name] = {"pid": record.pid, "state": "running" if record.alive else "dead", "log": record.log}
+        if record is None:
+            continue
+        entry: dict[str, Any] = {"pid": record.pid, "state": "running" if record.alive else "dead", "log": record.log}
+        if record.url:
+            entry["url"] = record.url
+        service = name.rsplit("-", 1)[0] if name[-1].isdigit() else name
+        if entry["state"] == "dead":
+            entry["last_log_line"] = last_log_line(Path(record.log))
+        elif name in BROKERS and name in ports:
+            entry["serves"] = f"127.0.0.1:{ports[name]}"
+        elif service in KAFKA_SERVICES:
+            link = links.get(record.pid)
+            entry["broker"] = (
+                {
+                    "name": brokers.get(link["bootstrap_servers"], "not of this cluster"),
+                    "bootstrap_servers": link["bootstrap_servers"],
+                    "reachable": link.get("reachable"),
+                    "since": link.get("since"),
+                }
+                if link is not None
+                else "unknown (no link record yet: still starting)"
+            )
+        report[name] = entry
     return report
+
+
+def cluster_connection(state: StateSettings | None = None) -> dict[str, str] | None:
+    """Where the cluster ``up --cluster`` started under this home is reached (``bootstrap_servers``,
+    ``store``, ``prefect_api_url``), or None when it never ran here (or ``down --cluster`` ended it)."""
+    state = state or StateSettings()
+    ports = _read_ports(state)
+    if ports is None or not all(_record(state, name) is not None for name in ("postgres", *BROKERS)):
+        return None
+    env = cluster_env(state, ports)
+    return {
+        "bootstrap_servers": env["KAFKA_BOOTSTRAP_SERVERS"],
+        "store": env["PRMLOOP_STORE"],
+        "prefect_api_url": env["PREFECT_API_URL"],
+    }
 
 
 def cluster_down(

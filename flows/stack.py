@@ -40,6 +40,7 @@ __all__ = [
     "STACK_SERVICES",
     "ServiceState",
     "down",
+    "last_log_line",
     "prefect_api_url",
     "running_services",
     "service_report",
@@ -143,7 +144,7 @@ def service_report(state: StateSettings | None = None) -> dict[str, dict[str, An
         entry: dict[str, Any] = {"pid": record.pid, "log": record.log, **({"url": record.url} if record.url else {})}
         if not record.alive:
             entry["state"] = "dead"
-            entry["last_log_line"] = _last_line(Path(record.log))
+            entry["last_log_line"] = last_log_line(Path(record.log))
             report[name] = entry
             continue
         entry["state"] = "running"
@@ -173,7 +174,7 @@ def service_report(state: StateSettings | None = None) -> dict[str, dict[str, An
     return report
 
 
-def _last_line(log: Path, tail_bytes: int = 4096) -> str | None:
+def last_log_line(log: Path, tail_bytes: int = 4096) -> str | None:
     """The log's last non-empty line (read from its end: logs grow)."""
     try:
         with log.open("rb") as f:

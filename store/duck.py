@@ -331,12 +331,20 @@ EVENT_SCHEMA = pa.schema(
 # ------------------------------------------------------------------------------------------------ readers
 
 READER_CONFIG: dict[str, Any] = {
-    # No file, network or extension access from a query, and no way to switch it back on.
+    # No file, network or extension access from a query (and no way to switch it back on: see
+    # _quiet_and_locked).
     "enable_external_access": False,
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
-    "lock_configuration": True,
 }
+
+
+def _quiet_and_locked(con: duckdb.DuckDBPyConnection) -> None:
+    """No progress bar (a query over 2 s draws one on stdout, into a command's JSON: `prmloop status`
+    printed one while the cluster's catalog was slowed by a kill), then no way to change any setting.
+    The bar is a connection's setting, not one ``duckdb.connect``'s config takes."""
+    con.execute("SET enable_progress_bar = false")
+    con.execute("SET lock_configuration = true")
 
 
 @contextmanager
@@ -359,6 +367,7 @@ def open_reader(
         )
     con, waited = _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
     try:
+        _quiet_and_locked(con)
         yield con, waited
     finally:
         con.close()

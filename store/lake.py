@@ -263,6 +263,9 @@ def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> 
     someone's SQL) also refuses a catalog role that can do more than read (:class:`ReaderRoleError`)."""
     con = duckdb.connect(config=dict(_BASE_CONFIG))
     try:
+        # A query over 2 s draws a progress bar on stdout, into a command's JSON (`prmloop status` printed
+        # one while a kill slowed the catalog); duckdb.connect's config does not take this setting.
+        con.execute("SET enable_progress_bar = false")
         _attach(con, store, read_only=read_only)
         if read_only:
             if sandboxed:

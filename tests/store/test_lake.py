@@ -163,6 +163,30 @@ def test_readers_do_not_wait_for_a_writer_in_the_middle_of_a_transaction(lake_st
     writer.close()
 
 
+def test_readers_never_draw_a_progress_bar_on_stdout(lake_store: LakeStore, tmp_path: Path) -> None:
+    """DuckDB draws a progress bar on stdout for a query over 2 s: `prmloop status` printed one into
+    its JSON while a killed piece of the cluster slowed the catalog down. No reader may draw one. Run in
+    a fresh interpreter as a command would be: under pytest DuckDB's default already reads off."""
+    import duckdb
+
+    lake_writer(lake_store).close()
+    file_store = tmp_path / "store.duckdb"
+    duckdb.connect(str(file_store)).close()
+    script = (
+        "import sys\nfrom prmloop.store.duck import query\n"
+        "for store in sys.argv[1:]:\n"
+        "    print(query(store, \"SELECT current_setting('enable_progress_bar')\").rows[0][0])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, lake_store.spec, str(file_store)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "False"], done.stdout
+
+
 def test_compaction_merges_small_files_and_the_data_stays(lake_store: LakeStore) -> None:
     writer = lake_writer(lake_store)
     events = synthetic_events(1200, k=2, seed=6)

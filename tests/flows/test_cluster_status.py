@@ -1,0 +1,67 @@
+"""`prmloop status` on a cluster of `prmloop up --cluster` whose processes died: it tells the truth (each
+process dead, with its log's last line; no broker answering; a store that cannot be read) and exits 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from prmloop.flows.cli import app
+from prmloop.flows.cluster import BROKERS, cluster_connection, process_names
+from prmloop.store.broker import free_port
+from prmloop.store.settings import StateSettings
+
+
+def _dead_pid() -> int:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    return done.pid
+
+
+@pytest.fixture
+def dead_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StateSettings:
+    """Records of every cluster process, each for a pid that has exited, and ports nothing listens on."""
+    for name in ("PRMLOOP_STORE", "KAFKA_BOOTSTRAP_SERVERS", "PREFECT_API_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
+    state = StateSettings()
+    folder = state.run_dir / "cluster"
+    folder.mkdir(parents=True)
+    ports = {"postgres": free_port(), "prefect": free_port(), **{b: free_port() for b in BROKERS}}
+    (folder / "ports.json").write_text(json.dumps(ports))
+    logs = state.home / "logs"
+    logs.mkdir(parents=True)
+    for name in process_names():
+        log = logs / f"{name}.log"
+        log.write_text(f"started\n{name}: the last words\n\n")
+        record = {"name": name, "pid": _dead_pid(), "argv": ["prmloop", name], "started_at": 0.0, "log": str(log)}
+        (folder / f"{name}.json").write_text(json.dumps(record))
+    return state
+
+
+def test_status_of_a_dead_cluster_says_what_is_dead_and_what_cannot_be_read(dead_cluster: StateSettings) -> None:
+    connection = cluster_connection(dead_cluster)
+    assert connection is not None and connection["store"].startswith("ducklake:postgres:")
+
+    result = CliRunner().invoke(app, ["status", "--timeout", "5"])
+
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert set(report["cluster"]) == set(process_names())
+    for name, process in report["cluster"].items():
+        assert process["state"] == "dead", name
+        assert process["last_log_line"] == f"{name}: the last words"
+    assert report["broker"]["from"] == "up --cluster" and report["broker"]["reachable"] == []
+    assert "no broker reachable" in report["consumers"]
+    assert report["store"].startswith("cannot be read: "), report["store"]
+    assert "\n" not in report["store"]
+
+
+def test_no_cluster_no_cluster_in_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
+    assert cluster_connection(StateSettings()) is None
