@@ -342,8 +342,16 @@ READER_CONFIG: dict[str, Any] = {
 def _quiet_and_locked(con: duckdb.DuckDBPyConnection) -> None:
     """No progress bar (a query over 2 s draws one on stdout, into a command's JSON: `prmloop status`
     printed one while the cluster's catalog was slowed by a kill), then no way to change any setting.
-    The bar is a connection's setting, not one ``duckdb.connect``'s config takes."""
-    con.execute("SET enable_progress_bar = false")
+    The bar is a connection's setting, not one ``duckdb.connect``'s config takes. The lock is the
+    database instance's, shared by every connection of this process to the file: where another
+    reader locked it first, no setting can change, and the lock this function wants is already on."""
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        locked = con.execute("SELECT current_setting('lock_configuration')").fetchone()
+        if not (locked and locked[0] is True):
+            raise
+        return
     con.execute("SET lock_configuration = true")
 
 

@@ -22,6 +22,7 @@ from prmloop.store.duck import (
     ReadOnlyViolation,
     StoreLocked,
     check_read_only,
+    open_reader,
     open_writer,
     query,
     store_health,
@@ -290,6 +291,20 @@ def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store:
         assert time.monotonic() - started < 3
     finally:
         con.close()
+
+
+def test_a_second_reader_in_the_process_reads_while_the_first_holds_the_locked_configuration(
+    duck_store: EventStore,
+) -> None:
+    """Connections of one process to one file share the database's settings: once the first reader
+    locked them, the second can no longer switch its progress bar off (CI saw that error from
+    test_event_bounds). It must still open, read, and stay locked."""
+    duck_store.close()
+    with open_reader(duck_store.path) as (first, _), open_reader(duck_store.path) as (second, _):
+        assert second.execute("SELECT count(*) FROM events").fetchall() == [(0,)]
+        assert first.execute("SELECT count(*) FROM events").fetchall() == [(0,)]
+        with pytest.raises(duckdb.InvalidInputException, match="locked"):
+            second.execute("SET enable_external_access = true")
 
 
 def test_querying_a_missing_store_says_how_to_create_it(tmp_path: Path) -> None:
