@@ -212,8 +212,9 @@ def _attach(con: duckdb.DuckDBPyConnection, store: LakeStore, *, read_only: bool
             break
         except duckdb.Error as exc:
             # Two sinks starting at once both create the catalog's tables; the loser sees PostgreSQL's
-            # duplicate-key error, and finds the winner's catalog when it attaches again.
-            if "duplicate key value" in str(exc) and attempt < 4:
+            # duplicate-key or "relation ... already exists" error (the chaos test's sink-2 exited on the
+            # second), and finds the winner's catalog when it attaches again.
+            if ("duplicate key value" in str(exc) or "already exists" in str(exc)) and attempt < 4:
                 time.sleep(0.5 * (attempt + 1))
                 continue
             _attach_failed(exc, store, read_only=read_only)

@@ -238,3 +238,30 @@ def test_cli_sql_export_and_compact_on_a_lake(lake_store: LakeStore, tmp_path: P
     res = runner.invoke(app, ["compact", "--no-prefect"], env=env)
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["doubled_events_removed"] == 0
+
+
+def test_sinks_attaching_a_new_lake_at_once_all_attach(lake_store: LakeStore, tmp_path: Path) -> None:
+    """The cluster starts two sinks together: both create the new catalog's tables, and the loser saw
+    PostgreSQL's 'duplicate key value' or 'relation ... already exists' (the chaos test's sink-2 exited
+    on the second). Every sink process must attach to the one catalog the winner made."""
+    import time
+
+    script = (
+        "import os, sys, time\n"
+        "from prmloop.store.duck import open_writer\n"
+        "open(sys.argv[2] + '.' + str(os.getpid()), 'w').close()\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+        "open_writer(sys.argv[1]).close()\n"
+    )
+    go = tmp_path / "go"
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, lake_store.spec, str(go)], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.*"))) < len(processes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # every process has imported: they attach together
+    failures = [p.communicate(timeout=180)[1][-600:] for p in processes if p.wait(timeout=180) != 0]
+    assert failures == []
+    assert query(lake_store, "SELECT count(*) FROM events").rows == [(0,)]
