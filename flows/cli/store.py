@@ -159,7 +159,9 @@ def reconcile(db: DbOption = None) -> None:
 @app.command()
 def status(
     db: DbOption = None,
-    timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
+    timeout: Annotated[
+        float, typer.Option(help="seconds to wait while the sink holds the file, and for the brokers' answers")
+    ] = 30.0,
 ) -> None:
     """How the loop is doing: the services `prmloop up` started (running, or dead with their last log
     line; which broker each Kafka service reads from), the processes of `prmloop up --cluster` (the
@@ -194,7 +196,9 @@ def status(
         report["broker"] = {"bootstrap_servers": ",".join(addresses), "from": "up --cluster", "reachable": answering}
     if servers:
         try:
-            report.update(_kafka_status(servers, approximate=cluster is not None or not configured))
+            report.update(
+                _kafka_status_within(servers, approximate=cluster is not None or not configured, timeout=timeout)
+            )
         except Exception as exc:  # noqa: BLE001 - status reports what it cannot read and goes on
             report["consumers"] = report["dead_letters"] = f"the broker did not answer: {_one_line(exc)}"
     else:
@@ -202,6 +206,33 @@ def status(
     store = db or (None if StateSettings().store or cluster is None else cluster["store"])
     report.update(_store_status(db_path(store), timeout))
     typer.echo(json.dumps(report, default=str))
+
+
+def _kafka_status_within(servers: str, *, approximate: bool, timeout: float) -> dict[str, object]:
+    """:func:`_kafka_status`, given up after ``timeout`` seconds: a broker whose storage died (the
+    cluster's PostgreSQL killed) accepts connections and answers no request, and the Kafka client asks
+    again for minutes (`prmloop status` hung over 240 s in the chaos test)."""
+    import threading
+
+    done: dict[str, object] = {}
+
+    def read() -> None:
+        try:
+            done["report"] = _kafka_status(servers, approximate=approximate)
+        except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
+            done["error"] = exc
+
+    reader = threading.Thread(target=read, name="status-kafka", daemon=True)  # abandoned if it hangs
+    reader.start()
+    reader.join(timeout)
+    if "error" in done:
+        raise done["error"]  # type: ignore[misc]
+    if "report" not in done:
+        raise TimeoutError(
+            f"no answer within {timeout:g} s (--timeout): a broker that takes connections but answers nothing; "
+            "is its storage (the cluster's PostgreSQL) down?"
+        )
+    return done["report"]  # type: ignore[return-value]
 
 
 def _kafka_status(servers: str, *, approximate: bool) -> dict[str, object]:

@@ -65,3 +65,43 @@ def test_status_of_a_dead_cluster_says_what_is_dead_and_what_cannot_be_read(dead
 def test_no_cluster_no_cluster_in_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
     assert cluster_connection(StateSettings()) is None
+
+
+def test_status_gives_up_on_a_broker_whose_storage_died(
+    postgres_catalog: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Tansu broker whose PostgreSQL storage is gone takes connections and answers every metadata
+    request with an error; the Kafka client asked again for minutes and `prmloop status` hung (over
+    240 s in the chaos test, PostgreSQL killed). It must say the broker did not answer within
+    --timeout, and report the rest. Here the broker's storage gateway is killed (the session's
+    PostgreSQL is shared by other tests)."""
+    import signal
+    import time
+    import uuid
+
+    import pgserver
+
+    from prmloop.store.broker import EmbeddedBroker
+    from prmloop.store.duck import EventStore
+    from prmloop.store.kafka import ensure_topics
+
+    storage = str(
+        pgserver.get_server(postgres_catalog, cleanup_mode="stop").get_uri(database=f"st_{uuid.uuid4().hex[:8]}")
+    )
+    EventStore(tmp_path / "store.duckdb").close()
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
+    with EmbeddedBroker(storage=storage) as broker:
+        ensure_topics(broker.bootstrap_servers)
+        assert broker._gateway is not None
+        broker._gateway.send_signal(signal.SIGKILL)
+        broker._gateway.wait(10)
+        monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap_servers)
+        started = time.monotonic()
+        result = CliRunner().invoke(app, ["status", "--timeout", "5", "--db", str(tmp_path / "store.duckdb")])
+        took = time.monotonic() - started
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["broker"]["reachable"] is True
+    assert "no answer within 5 s" in report["consumers"], report["consumers"]
+    assert report["events"] == 0  # the store is still reported
+    assert took < 60, f"status took {took:.0f} s"  # without the bound: minutes
