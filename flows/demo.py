@@ -50,7 +50,7 @@ from prmloop.flows.demo_stages import (
 )
 from prmloop.store.settings import KafkaSettings, StateSettings
 
-__all__ = ["DEMO_QUERIES", "command_prefix", "next_commands", "run_demo"]
+__all__ = ["DEMO_QUERIES", "DemoError", "command_prefix", "next_commands", "run_demo"]
 
 #: Queries the demo ends with (and runs), for the user to try with ``prmloop sql``.
 DEMO_QUERIES = {
@@ -147,11 +147,14 @@ class _Terminal:
             os.close(saved[1])
 
 
-def _speed_probe(threads: int | None) -> float:
+def _speed_probe(threads: int | None, base_url: str | None = None) -> float:
+    """Tokens per second of the engine the stages will use: transformers in process, or the vLLM
+    engine at ``base_url``."""
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import EngineSettings, build_backend
 
-    generator = build_backend(EngineSettings(threads=threads).backend_config())
+    engine = EngineSettings(threads=threads) if base_url is None else _engine_settings(base_url)
+    generator = build_backend(engine.backend_config())
     generator.generate(["Count: 1,"], SamplingParams(n=1, max_new_tokens=4, temperature=0.7, seed=0))  # warm-up
     # Batched like the loop's sampling and rollouts (two prompts x 4), which decode several times
     # more tokens per second than a single sequence does.
@@ -162,6 +165,77 @@ def _speed_probe(threads: int | None) -> float:
     )
     tokens = sum(c.completion_tokens for batch in batches for c in batch)
     return tokens / max(time.perf_counter() - started, 1e-6)
+
+
+def _engine_settings(base_url: str) -> Any:
+    from prmloop.flows.engine import SERVED_MODEL_NAME
+    from prmloop.models.backends.registry import EngineSettings
+
+    return EngineSettings(backend="openai", model=SERVED_MODEL_NAME, base_url=base_url)
+
+
+@dataclass
+class _Engine:
+    """The engine the demo's model-using stages call: ``url`` is the vLLM engine's, None for transformers."""
+
+    url: str | None = None
+    started: bool = False
+    env: dict[str, str | None] = field(default_factory=dict)  # what the demo set, and what it replaced
+
+    def describe(self, speed: float, busy: str) -> str:
+        if self.url is None:
+            return f"transformers, SmolLM2-135M-Instruct in process on the CPU: {speed:.0f} tokens/s (probe){busy}"
+        how = "started for the demo" if self.started else "already running"
+        return f"vLLM ({how}, {self.url}), SmolLM2-135M-Instruct on the CPU: {speed:.0f} tokens/s (probe)"
+
+
+class DemoError(RuntimeError):
+    """The demo cannot run as asked (one line, said to the user)."""
+
+
+def _open_engine(choice: str, home: Path, report: Callable[[str, str], None]) -> _Engine:
+    """The engine for ``--engine`` ``choice``: the vLLM engine of ``prmloop up`` if one runs, else one
+    started here (auto falls back to transformers where vLLM is not ready or does not start); the
+    stages reach it through the settings ``prmloop up`` gives its services."""
+    if choice == "transformers":
+        return _Engine()
+    from prmloop.flows.engine import engine_unavailable, service_environment
+    from prmloop.flows.stack import read_state, up
+
+    state = StateSettings(home=home)
+    record = read_state(state, "engine")
+    started = False
+    if record is None or not record.alive or not record.url:
+        reason = engine_unavailable()
+        if reason is None:
+            try:
+                up(["engine"], state=state, say=lambda line: report("engine", line))
+            except (RuntimeError, OSError) as exc:
+                reason = f"it did not start: {' '.join(str(exc).split())[:300]}"
+        record = read_state(state, "engine") if reason is None else None
+        if record is None or not record.url:
+            if choice == "vllm":
+                raise DemoError(f"--engine vllm: the vLLM engine is not available ({reason}); or --engine transformers")
+            report("engine", f"vLLM unavailable ({reason}): transformers in process instead")
+            return _Engine()
+        started = True
+    engine = _Engine(url=record.url, started=started)
+    for key, value in service_environment(record.url).items():
+        if key not in os.environ:  # a setting the user exported wins, as under `prmloop up`
+            engine.env[key] = None
+            os.environ[key] = value
+    return engine
+
+
+def _close_engine(engine: _Engine, home: Path, report: Callable[[str, str], None]) -> None:
+    """Take back the settings the demo set; stop the engine if the demo started it (its KV cache holds
+    2 GiB of memory)."""
+    for key in engine.env:
+        os.environ.pop(key, None)
+    if engine.started:
+        from prmloop.flows.stack import down
+
+        down(["engine"], state=StateSettings(home=home), say=lambda line: report("engine", line))
 
 
 @contextmanager
@@ -262,15 +336,20 @@ def run_demo(settings: DemoSettings | None = None) -> dict[str, Any]:
     _stop_on_signals()
     ui, started_server = None, False
     out: dict[str, Any] = {"rounds": [], "cut": []}
+    engine = _Engine()
     with isolate_prefect_state(home), shared_backends():
         try:
             with term.quiet():
                 ui, started_server = _prefect_server(home, term.stage)
                 term.stage("prefect", f"flow runs go to {ui}" if ui else "a throw-away local Prefect API")
-                speed = _speed_probe(s.threads)
-            term.stage("engine", f"transformers, SmolLM2-135M-Instruct on the CPU: {speed:.0f} tokens/s (probe){busy}")
+                engine = _open_engine(s.engine, home, term.stage)
+                speed = _speed_probe(s.threads, engine.url)
+            term.stage("engine", engine.describe(speed, busy))
+            out["engine"] = "vllm" if engine.url else "transformers"
             with term.quiet(), _broker(term.stage) as servers, _sink(db, servers) as stored:
-                out.update(_run_rounds(s, Stages(s, servers, db, home, term.stage, stored, left), speed, left, term))
+                # A server batches the rollouts of several solutions at once; in process they take turns.
+                stages = Stages(s, servers, db, home, term.stage, stored, left, in_flight=4 if engine.url else 1)
+                out.update(_run_rounds(s, stages, speed, left, term, engine=out["engine"]))
         except KeyboardInterrupt:
             term.stage("interrupted", "stopping what the demo started")
             if started_server:
@@ -279,12 +358,15 @@ def run_demo(settings: DemoSettings | None = None) -> dict[str, Any]:
                 with term.quiet():
                     down(state=StateSettings(home=home), say=lambda line: term.stage("prefect", line))
             raise
+        finally:
+            with term.quiet():
+                _close_engine(engine, home, term.stage)
     _summary(term, db, out, ui=ui, commands=next_commands(home, shell_home=shell_home, prefect_started=started_server))
     return {"home": str(home), "db": str(db), "ui": ui, **out}
 
 
 def _run_rounds(
-    s: DemoSettings, stages: Stages, speed: float, left: Callable[[], float], term: _Terminal
+    s: DemoSettings, stages: Stages, speed: float, left: Callable[[], float], term: _Terminal, *, engine: str
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": [], "cut": []}
     first = plan_round(speed, left() - SETUP_S, s.rounds)
@@ -295,7 +377,7 @@ def _run_rounds(
         )
         out["cut"].append("every round")
         return out
-    term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min; round 1: {first.describe()}")
+    term.stage("plan", f"{s.rounds} rounds in {s.minutes:g} min on {engine}; round 1: {first.describe()}")
     stages.heldout()
     measured_tokens, measured_s = 0.0, 0.0
     last = False

@@ -61,6 +61,8 @@ class DemoSettings:
     seed: int = 0
     judge: Literal["exact", "critic", "stepwise"] = "exact"
     rounds: int = 3
+    #: auto: the machine's vLLM engine where ``make vllm`` made it ready, else transformers in process.
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Stages:
     report: Report
     stored: Callable[[], int]
     left: Callable[[], float]
+    in_flight: int = 1  # solutions the annotator keeps going at once
     eval_questions: int = 8
 
     def heldout(self) -> int:
@@ -221,6 +224,7 @@ class Stages:
             max_new_tokens=plan.rollout_tokens,
             until_idle=5,
             max_solutions=plan.annotate,
+            in_flight=self.in_flight,
             threads=s.threads,
         )
         # Every correct solution's label first, in a group of its own: they cost no rollout, and the

@@ -358,17 +358,25 @@ def _use_engine(state: StateSettings, env: dict[str, str]) -> None:
             env[key] = value
 
 
-def down(*, state: StateSettings | None = None, grace_s: float = 20.0, say: Callable[[str], None] = print) -> list[str]:
-    """Stop every service ``up`` started (reverse order): SIGTERM, SIGKILL after ``grace_s``."""
+def down(
+    services: Sequence[str] = SERVICES,
+    *,
+    state: StateSettings | None = None,
+    grace_s: float = 20.0,
+    say: Callable[[str], None] = print,
+) -> list[str]:
+    """Stop ``services`` (default: every one ``up`` started), in reverse order: SIGTERM, SIGKILL after
+    ``grace_s``."""
     state = state or StateSettings()
     stopped = []
     for name in reversed(SERVICES):
-        record = read_state(state, name)
+        record = read_state(state, name) if name in services else None
         if record is None:
             continue
         if _stop(state, name, record, grace_s=grace_s, say=say):
             stopped.append(name)
-    remove_links(state)
+    if set(services) >= set(SERVICES):
+        remove_links(state)
     return stopped
 
 

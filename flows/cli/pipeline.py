@@ -261,6 +261,13 @@ def demo(
         str, typer.Option(help="exact (the curriculum's step checker), critic or stepwise (the LLM judge)")
     ] = "exact",
     seed: int = 0,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="auto: the machine's vLLM engine where `make vllm` made it ready (started for the demo, or the "
+            "one `prmloop up` runs), else transformers in process; vllm; transformers"
+        ),
+    ] = "auto",
 ) -> None:
     """The loop on the embedded defaults within a time budget: prioritize, then rounds of sample, score,
     select, annotate, judge, consensus and retrain (the ensemble PRM's held-out F1 per round), calibrate;
@@ -274,6 +281,23 @@ def demo(
         raise typer.BadParameter(f"--rounds must be at least 1, not {rounds}")
     if minutes <= 0:
         raise typer.BadParameter(f"--minutes must be positive, not {minutes:g}")
-    run_demo(
-        DemoSettings(home=home, minutes=minutes, threads=threads, level=level, seed=seed, judge=judge, rounds=rounds)
-    )
+    if engine not in ("auto", "transformers", "vllm"):
+        raise typer.BadParameter(f"--engine must be auto, transformers or vllm, not {engine!r}")
+    from prmloop.flows.demo import DemoError
+
+    try:
+        run_demo(
+            DemoSettings(
+                home=home,
+                minutes=minutes,
+                threads=threads,
+                level=level,
+                seed=seed,
+                judge=judge,
+                rounds=rounds,
+                engine=engine,
+            )
+        )
+    except DemoError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.demo import command_prefix, next_commands
@@ -99,3 +101,30 @@ def test_the_prefix_is_plain_prmloop_only_when_the_shell_finds_this_one(tmp_path
     assert (prefix == "prmloop") == expected_plain
     if not expected_plain:
         assert prefix.endswith("bin/prmloop") and "PRMLOOP_HOME" not in prefix
+
+
+def test_the_demo_runs_on_transformers_where_the_engine_is_not_ready_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows.demo import DemoError, _open_engine
+
+    monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
+    monkeypatch.delenv("PRMLOOP_SAMPLE_BACKEND", raising=False)
+    said: list[tuple[str, str]] = []
+    engine = _open_engine("auto", tmp_path, lambda stage, line: said.append((stage, line)))
+    assert engine.url is None and not engine.started and "PRMLOOP_SAMPLE_BACKEND" not in os.environ
+    assert said and said[0][0] == "engine" and "nowhere" in said[0][1] and "transformers" in said[0][1]
+    assert "transformers" in engine.describe(57.0, "")
+    with pytest.raises(DemoError, match=r"^--engine vllm: .*nowhere.*--engine transformers$"):
+        _open_engine("vllm", tmp_path, lambda stage, line: None)
+    assert _open_engine("transformers", tmp_path, lambda stage, line: said.append((stage, line))).url is None
+    assert len(said) == 1  # --engine transformers looks for no engine
+
+
+def test_demo_engine_must_be_one_it_knows() -> None:
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+
+    result = CliRunner().invoke(app, ["demo", "--engine", "tpu"])
+    assert result.exit_code == 2 and "--engine must be auto, transformers or vllm" in result.output
