@@ -53,7 +53,7 @@ $(VLLM_STAMP): | $(STAMP)
 	  cat $(VLLM_FAILED); \
 	fi; rm -f $$log; touch $(VLLM_STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) vllm
 	$(VENV)/bin/prmloop demo
 
 test: $(STAMP) vllm
