@@ -42,10 +42,11 @@ from kafka.structs import OffsetAndMetadata
 
 from prmloop.store.deadletter import DeadLetters
 from prmloop.store.follow import BrokerLink, BrokerWatch
-from prmloop.store.kafka import EventProducer, consumer_config
+from prmloop.store.kafka import EventProducer, assign_all_partitions, consumer_config
 from prmloop.store.poison import TransientError, is_transient, one_line
 from prmloop.store.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.settings import KafkaSettings
+from prmloop.store.stall import StallWatch
 from prmloop.store.topics import TOPIC_OF
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,7 @@ class ConsumerRuntime:
         transient_errors: tuple[type[BaseException], ...] = (),
         check_topic: bool = True,
         follow_broker: bool = True,
+        stall_after_s: float | None = 60.0,
     ) -> None:
         self.topics = list(topics)
         self.group_id = group_id
@@ -106,6 +108,8 @@ class ConsumerRuntime:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.pause_after_s = pause_after_s
+        #: Seconds without a record after which a member whose partitions lag rejoins (store/stall.py).
+        self._stall = StallWatch(None if assign_all else stall_after_s)
         self.name = name or group_id
         #: Handler exceptions retried besides :data:`prmloop.store.poison.TRANSIENT_ERRORS`.
         self.transient_errors = transient_errors
@@ -184,6 +188,9 @@ class ConsumerRuntime:
                 if batch:
                     self._process(batch)
                     last_record = time.monotonic()
+                    self._stall.saw_records()
+                elif waiting := self._stall.stalled(self._consumer):
+                    self._rejoin(waiting)
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
@@ -218,27 +225,13 @@ class ConsumerRuntime:
         consumer = KafkaConsumer(**consumer_config(self._kafka, bootstrap_servers, **self._consumer_options))
         try:
             if self.assign_all:
-                self._assign_all(consumer)
+                assign_all_partitions(consumer, self.topics)
             else:
                 consumer.subscribe(self.topics)
         except BaseException:
             consumer.close(autocommit=False, timeout_ms=1_000)
             raise
         return consumer
-
-    def _assign_all(self, consumer: KafkaConsumer) -> None:
-        partitions: list[TopicPartition] = []
-        for topic in self.topics:
-            ids = None
-            deadline = time.monotonic() + 30
-            while ids is None and time.monotonic() < deadline:
-                ids = consumer.partitions_for_topic(topic)
-                if ids is None:
-                    time.sleep(0.2)
-            if ids is None:
-                raise RuntimeError(f"topic {topic!r} does not exist: create the topics first (`prmloop topics`)")
-            partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
-        consumer.assign(partitions)
 
     def _collect(self) -> list[ConsumerRecord]:
         """Up to ``max_batch`` records, waiting at most ``max_wait_s`` after the first one arrives."""
@@ -263,6 +256,32 @@ class ConsumerRuntime:
                 break
         return records
 
+    def _rejoin(self, waiting: int) -> None:
+        """Leave the group and join it again (see :mod:`prmloop.store.stall`); the new consumer reads from
+        the committed offsets, and effects are idempotent."""
+        idle = self._stall.idle_s()
+        log.warning(
+            "%s: read nothing for %.0f s while %d records wait on its partitions: rejoining", self.name, idle, waiting
+        )
+        self._replace_consumer(self._connect(self._bootstrap), leave=True)
+        self._stall.saw_records()
+
+    def _replace_consumer(self, consumer: KafkaConsumer, *, leave: bool) -> None:
+        """Read with ``consumer`` from now on; the old one leaves the group, or (``leave`` False: its
+        broker is gone) is forgotten without a LeaveGroup. What it fetched is dropped, and the offsets
+        of a batch in hand from it are not committed."""
+        old, self._consumer = self._consumer, consumer
+        coordinator = getattr(old, "_coordinator", None)
+        if coordinator is not None and not leave:
+            coordinator.reset_generation()
+        try:
+            old.close(autocommit=False, timeout_ms=2_000)
+        except KafkaError as exc:
+            log.debug("closing the old consumer failed: %r", exc)
+        self._prefetched.clear()
+        self._ahead.clear()
+        self._generation += 1
+
     def _broker_moved(self) -> bool:
         """True when this runtime moved to the broker that replaced its own in ``broker.json`` (see
         :mod:`prmloop.store.follow`); a broker that is gone or answers again is logged.
@@ -283,20 +302,10 @@ class ConsumerRuntime:
         except (KafkaError, RuntimeError) as exc:
             log.warning("%s: connecting to %s failed (%r); trying again", self.name, change.broker.describe(), exc)
             return False
-        old, self._consumer = self._consumer, consumer
-        coordinator = getattr(old, "_coordinator", None)
-        if coordinator is not None and not change.previous.reachable:
-            coordinator.reset_generation()  # no LeaveGroup to a broker that is gone
-        try:
-            old.close(autocommit=False, timeout_ms=2_000)
-        except KafkaError as exc:
-            log.debug("closing the consumer of the old broker failed: %r", exc)
+        self._replace_consumer(consumer, leave=change.previous.reachable)
         self._bootstrap = change.broker.bootstrap_servers
         self._dead_letters.reconnect(self._bootstrap)
-        self._prefetched.clear()
-        self._ahead.clear()
         self._cluster_id = None
-        self._generation += 1
         self._watch.follow(change.broker)
         self._link.write(change.broker, reachable=True)
         log.warning("%s: now reading from %s", self.name, change.broker.describe())

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import (
     InvalidTopicError,
@@ -35,6 +35,7 @@ __all__ = [
     "EventProducer",
     "EventRejected",
     "PublishError",
+    "assign_all_partitions",
     "consumer_config",
     "ensure_topics",
     "event_headers",
@@ -298,3 +299,20 @@ class EventProducer:
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def assign_all_partitions(consumer: KafkaConsumer, topics: Sequence[str]) -> None:
+    """Assign ``consumer`` every partition of ``topics`` (no group), waiting up to 30 s for each topic's
+    metadata."""
+    partitions: list[TopicPartition] = []
+    for topic in topics:
+        ids = None
+        deadline = time.monotonic() + 30
+        while ids is None and time.monotonic() < deadline:
+            ids = consumer.partitions_for_topic(topic)
+            if ids is None:
+                time.sleep(0.2)
+        if ids is None:
+            raise RuntimeError(f"topic {topic!r} does not exist: create the topics first (`prmloop topics`)")
+        partitions.extend(TopicPartition(topic, p) for p in sorted(ids))
+    consumer.assign(partitions)

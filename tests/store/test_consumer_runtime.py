@@ -207,3 +207,35 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
     assert runtime.stats.dead_lettered == 6
     assert max(decoded_ahead) > 0  # a later batch was waiting decoded while one was handled
     assert not runtime._ahead  # nothing left behind
+
+
+def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(kafka_bootstrap: str) -> None:
+    """After the chaos test killed and restarted the cluster's PostgreSQL (the brokers' storage), both
+    consensus members stayed in their group and polled, and fetched nothing while 179 records waited,
+    until a rebalance. The runtime must notice (nothing read for ``stall_after_s`` while records wait past
+    the committed offsets of its partitions), rejoin, and read them. The client-side cause is not known,
+    so the stall is made here by pausing the runtime's partitions behind its back."""
+    topic = _topic(2, kafka_bootstrap)
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(4)], key=lambda i: str(i).encode())
+    seen: list[str] = []
+    stalled: list[KafkaConsumer] = []
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        seen.extend(str(c.event.correlation_id) for c in batch)
+
+    runtime = ConsumerRuntime(
+        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler, stall_after_s=3
+    )
+
+    def until() -> bool:
+        if len(seen) >= 4 and not stalled:
+            consumer = runtime._consumer
+            consumer.pause(*consumer.assignment())  # fetches nothing from now on, stays in the group
+            stalled.append(consumer)
+            _send(kafka_bootstrap, topic, [_event(i) for i in range(4, 8)], key=lambda i: str(i).encode())
+        return len(seen) >= 8
+
+    _run_until(runtime, until, timeout_s=120)
+    assert sorted(seen) == sorted(f"q{i}" for i in range(8))
+    assert stalled and runtime._consumer is not stalled[0], "the runtime read on without rejoining"
+    assert sum(_committed(kafka_bootstrap, f"g-{topic}", topic, p) or 0 for p in range(2)) == 8
