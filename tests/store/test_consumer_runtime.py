@@ -209,12 +209,16 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
     assert not runtime._ahead  # nothing left behind
 
 
-def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(kafka_bootstrap: str) -> None:
+@pytest.mark.parametrize("stall", ["paused", "no partitions"])
+def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
+    kafka_bootstrap: str, stall: str
+) -> None:
     """After the chaos test killed and restarted the cluster's PostgreSQL (the brokers' storage), both
     consensus members stayed in their group and polled, and fetched nothing while 179 records waited,
-    until a rebalance. The runtime must notice (nothing read for ``stall_after_s`` while records wait past
-    the committed offsets of its partitions), rejoin, and read them. The client-side cause is not known,
-    so the stall is made here by pausing the runtime's partitions behind its back."""
+    until a rebalance; in another run both scorers, expelled during the outage, sat with no partitions.
+    The runtime must notice (nothing read for ``stall_after_s`` while records wait past the group's
+    committed offsets), rejoin, and read them. The client-side causes are not known, so the stall is
+    made here behind the runtime's back: its partitions paused, or its assignment emptied."""
     topic = _topic(2, kafka_bootstrap)
     _send(kafka_bootstrap, topic, [_event(i) for i in range(4)], key=lambda i: str(i).encode())
     seen: list[str] = []
@@ -230,7 +234,10 @@ def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
     def until() -> bool:
         if len(seen) >= 4 and not stalled:
             consumer = runtime._consumer
-            consumer.pause(*consumer.assignment())  # fetches nothing from now on, stays in the group
+            if stall == "paused":
+                consumer.pause(*consumer.assignment())  # fetches nothing from now on, stays in the group
+            else:
+                consumer._subscription.assign_from_subscribed([])  # subscribed, in no partition's owner
             stalled.append(consumer)
             _send(kafka_bootstrap, topic, [_event(i) for i in range(4, 8)], key=lambda i: str(i).encode())
         return len(seen) >= 8
