@@ -18,6 +18,8 @@ Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTUR
   default (``auto``) runs one pinned thread and reserves the other core, idle.
 - ``OMP_WAIT_POLICY=PASSIVE``: OpenMP threads sleep between parallel regions instead of spinning, so
   an idle or lightly used engine leaves the cores to the loop's other processes.
+- ``--no-enable-chunked-prefill`` with a 4,096-token context: a seeded request prefilled in chunks
+  crashes the CPU build's engine (``prmloop bench generate``'s 8 prompts x n=8 did).
 - ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB): 46,592 tokens of KV cache, room for every prefix a loop reuses.
 """
 
@@ -30,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from prmloop.models.backends.vllm_backend import CPU_MAX_MODEL_LEN
 
 __all__ = [
     "ENGINE_SERVICES",
@@ -129,6 +133,14 @@ def engine_command(python: Path, model_dir: Path, port: int, *, prefix_caching: 
         "float32",
         "--enforce-eager",
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
+        # Whole prefills: a seeded request prefilled in chunks crashes the CPU build's engine ("CPU
+        # Generator does not use offset"; see models/backends/vllm_backend.py), and a step must then hold a
+        # whole prompt, so the context is capped there too.
+        "--no-enable-chunked-prefill",
+        "--max-model-len",
+        str(CPU_MAX_MODEL_LEN),
+        "--max-num-batched-tokens",
+        str(CPU_MAX_MODEL_LEN),
         "--enable-prompt-tokens-details",
         "--seed",
         "0",

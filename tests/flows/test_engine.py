@@ -45,6 +45,8 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     flags = " ".join(argv)
     for flag in ("--dtype float32", "--enforce-eager", "--enable-prefix-caching", "--port 4321", "--host 127.0.0.1"):
         assert flag in flags
+    # Whole prefills (seeded chunked prefills crash the CPU build), so a step holds a whole prompt.
+    assert "--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 4096" in flags
     assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False)
     env = engine_environment(threads=1)
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
