@@ -180,7 +180,7 @@ class _Engine:
 
     url: str | None = None
     started: bool = False
-    env: dict[str, str | None] = field(default_factory=dict)  # what the demo set, and what it replaced
+    set_keys: list[str] = field(default_factory=list)  # environment variables the demo set (none were set before)
 
     def describe(self, speed: float, busy: str) -> str:
         if self.url is None:
@@ -222,7 +222,7 @@ def _open_engine(choice: str, home: Path, report: Callable[[str, str], None]) ->
     engine = _Engine(url=record.url, started=started)
     for key, value in service_environment(record.url).items():
         if key not in os.environ:  # a setting the user exported wins, as under `prmloop up`
-            engine.env[key] = None
+            engine.set_keys.append(key)
             os.environ[key] = value
     return engine
 
@@ -230,7 +230,7 @@ def _open_engine(choice: str, home: Path, report: Callable[[str, str], None]) ->
 def _close_engine(engine: _Engine, home: Path, report: Callable[[str, str], None]) -> None:
     """Take back the settings the demo set; stop the engine if the demo started it (its KV cache holds
     2 GiB of memory)."""
-    for key in engine.env:
+    for key in engine.set_keys:
         os.environ.pop(key, None)
     if engine.started:
         from prmloop.flows.stack import down

@@ -214,25 +214,26 @@ def _kafka_status_within(servers: str, *, approximate: bool, timeout: float) -> 
     again for minutes (`prmloop status` hung over 240 s in the chaos test)."""
     import threading
 
-    done: dict[str, object] = {}
+    report: list[dict[str, object]] = []
+    error: list[Exception] = []
 
     def read() -> None:
         try:
-            done["report"] = _kafka_status(servers, approximate=approximate)
+            report.append(_kafka_status(servers, approximate=approximate))
         except Exception as exc:  # noqa: BLE001 - handed to the caller's thread
-            done["error"] = exc
+            error.append(exc)
 
     reader = threading.Thread(target=read, name="status-kafka", daemon=True)  # abandoned if it hangs
     reader.start()
     reader.join(timeout)
-    if "error" in done:
-        raise done["error"]  # type: ignore[misc]
-    if "report" not in done:
+    if error:
+        raise error[0]
+    if not report:
         raise TimeoutError(
             f"no answer within {timeout:g} s (--timeout): a broker that takes connections but answers nothing; "
             "is its storage (the cluster's PostgreSQL) down?"
         )
-    return done["report"]  # type: ignore[return-value]
+    return report[0]
 
 
 def _kafka_status(servers: str, *, approximate: bool) -> dict[str, object]:
