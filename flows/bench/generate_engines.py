@@ -2,7 +2,8 @@
 
 Each engine gets the same workloads (:mod:`prmloop.flows.bench.generate_vllm`: sampling ``k=8``
 solutions of each question, and Monte-Carlo rollouts from the successive prefixes of one solution), on
-the embedded SmolLM2, with the same number of CPU threads. vLLM runs with its prefix cache on and off
+the embedded SmolLM2, with the same number of CPU threads (on a machine with a GPU every engine runs
+there, in bfloat16). vLLM runs with its prefix cache on and off
 (in process: ``enable_prefix_caching``; the server: ``--[no-]enable-prefix-caching``); sampling is
 measured with it on, as the loop runs it. One engine runs at a time, each after a short warm-up call.
 
@@ -126,8 +127,13 @@ def bench_engines(
         "threads": threads,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
-    say("transformers in process")
-    backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads)
+    import torch
+
+    # A GPU runs every engine on it: transformers in bfloat16 there, as vLLM runs (engine_command).
+    device, dtype = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+    result["device"] = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    say(f"transformers in process ({device}, {dtype})")
+    backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads, device=device, dtype=dtype)
     result["transformers"] = run_workload(backend, workload)
     say(json.dumps({"transformers": result["transformers"]}))
     del backend

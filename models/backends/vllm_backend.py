@@ -28,7 +28,13 @@ from typing import Any, Protocol
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
 
-__all__ = ["VLLMBackend", "completion_from_vllm"]
+__all__ = [
+    "OPTIONS_VARIABLE",
+    "VLLMBackend",
+    "completion_from_vllm",
+    "engine_flags",
+    "engine_options_from_environment",
+]
 
 #: The context the CPU build is started with unless told (prefills are whole, so every step may have to
 #: hold one whole prompt: see :meth:`VLLMBackend.from_model`).
@@ -52,6 +58,56 @@ def _has_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+OPTIONS_VARIABLE = "PRMLOOP_VLLM_OPTIONS"
+"""A JSON object of extra vLLM engine arguments, e.g. ``{"attention_backend": "TRITON_ATTN",
+"tensor_parallel_size": 2}``: given to ``vllm.LLM`` in process and, as ``--attention-backend
+TRITON_ATTN``-style flags, to the server ``prmloop engine`` starts (their values win over prmloop's)."""
+
+
+def engine_options_from_environment(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The extra engine arguments of ``$PRMLOOP_VLLM_OPTIONS`` (empty when unset).
+
+    Raises:
+        ValueError: the variable is not a JSON object of plain values (one line naming it and the fix).
+    """
+    import json
+    import os
+
+    raw = (environ if environ is not None else os.environ).get(OPTIONS_VARIABLE, "").strip()
+    if not raw:
+        return {}
+    try:
+        options = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{OPTIONS_VARIABLE} is not JSON ({exc.msg} at character {exc.pos}): give an object such as "
+            '\'{"attention_backend": "TRITON_ATTN"}\''
+        ) from None
+    if not isinstance(options, dict) or not all(
+        isinstance(v, (str, int, float, bool)) or v is None for v in options.values()
+    ):
+        raise ValueError(
+            f"{OPTIONS_VARIABLE} must be a JSON object of names to plain values (strings, numbers, booleans), "
+            f"got {raw[:80]!r}"
+        )
+    return options
+
+
+def engine_flags(options: Mapping[str, Any]) -> list[str]:
+    """``vllm serve`` flags for engine arguments: ``x_y: v`` -> ``--x-y v``; True -> ``--x-y``; False ->
+    ``--no-x-y``; None is left out."""
+    flags: list[str] = []
+    for name, value in options.items():
+        flag = name.replace("_", "-")
+        if value is True:
+            flags.append(f"--{flag}")
+        elif value is False:
+            flags.append(f"--no-{flag}")
+        elif value is not None:
+            flags += [f"--{flag}", str(value)]
+    return flags
 
 
 def _converted_smollm2() -> Any:
@@ -135,7 +191,16 @@ class VLLMBackend:
             # vLLM's GGUF loader needs CUDA kernels: every build loads the converted folder instead.
             model = str(_converted_smollm2())
             name = f"smollm2:{smollm2_gguf_path().stem}"
-        if not _has_cuda():
+        extra = engine_options_from_environment()
+        dtype = extra.pop("dtype", dtype)
+        max_model_len = extra.pop("max_model_len", max_model_len)
+        gpu_memory_utilization = extra.pop("gpu_memory_utilization", gpu_memory_utilization)
+        enable_prefix_caching = extra.pop("enable_prefix_caching", enable_prefix_caching)
+        engine_options = {**engine_options, **extra}
+        if _has_cuda():
+            # The checkpoint is float32 (converted from the GGUF); a GPU runs it in bfloat16.
+            dtype = "bfloat16" if dtype == "auto" else dtype
+        else:
             # vLLM's CPU build: bfloat16 ("auto") falls back to slow kernels on AVX2, and torch.compile's
             # warm-up costs minutes at every start (ARCHITECTURE.md's traps).
             dtype = "float32" if dtype == "auto" else dtype

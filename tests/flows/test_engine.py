@@ -40,17 +40,50 @@ def test_a_recorded_install_failure_is_the_reason(tmp_path: Path, monkeypatch: p
 
 
 def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> None:
-    argv = engine_command(Path("/v/bin/python"), tmp_path, 4321)
+    argv = engine_command(Path("/v/bin/python"), tmp_path, 4321, gpu=False)
     assert argv[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     flags = " ".join(argv)
     for flag in ("--dtype float32", "--enforce-eager", "--enable-prefix-caching", "--port 4321", "--host 127.0.0.1"):
         assert flag in flags
     # Whole prefills (seeded chunked prefills crash the CPU build), so a step holds a whole prompt.
     assert "--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 4096" in flags
-    assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False)
+    assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False, gpu=False)
     env = engine_environment(threads=1)
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_on_a_gpu_the_server_keeps_vllms_own_fast_defaults(tmp_path: Path) -> None:
+    flags = " ".join(engine_command(Path("p"), tmp_path, 1, gpu=True))
+    assert "--dtype bfloat16" in flags and "--gpu-memory-utilization 0.5" in flags
+    for cpu_only in ("--enforce-eager", "chunked-prefill", "--max-model-len", "float32"):
+        assert cpu_only not in flags
+
+
+def test_extra_engine_options_reach_the_server_and_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "PRMLOOP_VLLM_OPTIONS", '{"attention_backend": "TRITON_ATTN", "max_model_len": 2048, "enforce_eager": false}'
+    )
+    argv = engine_command(Path("p"), tmp_path, 1, gpu=False)
+    flags = " ".join(argv)
+    assert "--attention-backend TRITON_ATTN" in flags and "--no-enforce-eager" in flags
+    assert argv.count("--max-model-len") == 1 and "--max-model-len 2048" in flags
+
+
+@pytest.mark.parametrize("raw", ["{attention_backend: x}", "[1, 2]", '{"a": {"nested": 1}}'])
+def test_bad_engine_options_are_one_line_naming_the_variable(raw: str) -> None:
+    from prmloop.models.backends.vllm_backend import engine_options_from_environment
+
+    with pytest.raises(ValueError, match="PRMLOOP_VLLM_OPTIONS") as caught:
+        engine_options_from_environment({"PRMLOOP_VLLM_OPTIONS": raw})
+    assert "\n" not in str(caught.value)
+
+
+def test_engine_flags_spell_vllms_command_line() -> None:
+    from prmloop.models.backends.vllm_backend import engine_flags
+
+    options = {"tensor_parallel_size": 2, "enforce_eager": True, "enable_chunked_prefill": False, "x": None}
+    assert engine_flags(options) == ["--tensor-parallel-size", "2", "--enforce-eager", "--no-enable-chunked-prefill"]
 
 
 def test_every_model_using_service_reads_the_engine_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
