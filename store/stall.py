@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 
 from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
 __all__ = ["StallWatch"]
@@ -31,12 +33,50 @@ class StallWatch:
 
     def __init__(self, after_s: float | None) -> None:
         self.after_s = after_s
-        self.last_record_at = self.checked_at = time.monotonic()
+        self.last_record_at = self.checked_at = self.rewind_checked_at = time.monotonic()
         self._group_committed: dict[TopicPartition, int] | None = None
+        #: Per partition, the newest timestamp (ms) of a record this reader was handed.
+        self.last_timestamp: dict[TopicPartition, int] = {}
 
-    def saw_records(self) -> None:
+    def saw_records(self, records: Iterable[ConsumerRecord] = ()) -> None:
         self.last_record_at = time.monotonic()
         self._group_committed = None
+        for record in records:
+            tp = TopicPartition(record.topic, record.partition)
+            self.last_timestamp[tp] = max(self.last_timestamp.get(tp, record.timestamp), record.timestamp)
+
+    def rewound(self, consumer: KafkaConsumer) -> dict[TopicPartition, tuple[int, int, int]]:
+        """Partitions whose log now ends before this reader's position: the broker lost its newest
+        records and appends new ones at their offsets, which the reader would skip. Seen in the chaos test
+        after the cluster's PostgreSQL was killed and restarted: both brokers came back with watermarks
+        and committed offsets from a few seconds earlier, and the selectors waited at offsets past the end
+        while 48 new solutions were written below them. Returns, per such partition, (position, end,
+        where to read again): the first record stamped at or after the newest one this reader was
+        handed (every record written since is new to it; one seen again is harmless, effects are
+        idempotent), else the end. Checked at most once per ``after_s``; a failed check finds nothing."""
+        now = time.monotonic()
+        if self.after_s is None or now - self.rewind_checked_at < self.after_s:
+            return {}
+        self.rewind_checked_at = now
+        try:
+            assigned = sorted(consumer.assignment())
+            if not assigned:
+                return {}
+            ends = consumer.end_offsets(assigned)
+            behind = {tp: (int(consumer.position(tp)), int(ends[tp])) for tp in assigned}
+            behind = {tp: pe for tp, pe in behind.items() if pe[0] > pe[1]}
+            if not behind:
+                return {}
+            stamps = {tp: self.last_timestamp[tp] for tp in behind if tp in self.last_timestamp}
+            found = consumer.offsets_for_times(stamps) if stamps else {}
+            moves = {}
+            for tp, (position, end) in behind.items():
+                at = found.get(tp)
+                moves[tp] = (position, end, min(end, int(at.offset)) if at is not None else end)
+            return moves
+        except (KafkaError, KeyError, ValueError) as exc:
+            log.debug("the rewind check failed: %r", exc)
+            return {}
 
     def idle_s(self) -> float:
         return time.monotonic() - self.last_record_at
