@@ -140,10 +140,13 @@ def sql(
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
     """Query the label history with SQL, also while the pipeline runs. Never modifies anything: only
-    SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused."""
+    SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused.
+    Reads --db, else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the
+    DuckDB file."""
+    from prmloop.flows.cluster import cluster_connection
     from prmloop.store.duck import query as run_query
 
-    result = run_query(db_path(db), query, timeout_s=timeout, sandboxed=True)
+    result = run_query(_reading_store(db, cluster_connection()), query, timeout_s=timeout, sandboxed=True)
     print_rows(result.columns, result.rows, fmt, err=err)
 
 
@@ -203,9 +206,16 @@ def status(
             report["consumers"] = report["dead_letters"] = f"the broker did not answer: {_one_line(exc)}"
     else:
         report["consumers"] = report["dead_letters"] = "no broker reachable (prmloop up, or KAFKA_BOOTSTRAP_SERVERS)"
-    store = db or (None if StateSettings().store or cluster is None else cluster["store"])
-    report.update(_store_status(db_path(store), timeout))
+    report.update(_store_status(_reading_store(db, cluster), timeout))
     typer.echo(json.dumps(report, default=str))
+
+
+def _reading_store(db: str | None, cluster: dict[str, str] | None) -> Path | str:
+    """The store `sql` and `status` read: ``--db``, else ``PRMLOOP_STORE``, else the store of the cluster
+    `up --cluster` runs under this home (its DuckLake), else the DuckDB file."""
+    if db or StateSettings().store or cluster is None:
+        return db_path(db)
+    return db_path(cluster["store"])
 
 
 def _kafka_status_within(servers: str, *, approximate: bool, timeout: float) -> dict[str, object]:

@@ -62,6 +62,19 @@ def test_status_of_a_dead_cluster_says_what_is_dead_and_what_cannot_be_read(dead
     assert "\n" not in report["store"]
 
 
+def test_sql_reads_the_clusters_lake_and_says_so_when_it_cannot(dead_cluster: StateSettings) -> None:
+    """Without --db or PRMLOOP_STORE, `prmloop sql` reads what `status` reads: the cluster's DuckLake
+    (here its PostgreSQL is dead, so one line saying so), not an empty DuckDB file of the home."""
+    command = [sys.executable, "-m", "prmloop.flows.cli", "sql", "SELECT count(*) FROM events", "--timeout", "5"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    assert result.returncode != 0
+    message = result.stderr.strip()
+    assert "ducklake" in message.lower() or "postgres" in message.lower(), message
+    assert len(message.splitlines()) == 1, message
+    assert not (dead_cluster.home / "prmloop.duckdb").exists()
+
+
 def test_no_cluster_no_cluster_in_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
     assert cluster_connection(StateSettings()) is None
