@@ -227,11 +227,15 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
     pending: list[tuple[str, str, subprocess.Popen[str]]] = []
     stream: Stream | None = None
 
-    def sample(after: str, piece: str, *, wait: bool) -> None:
-        """A `prmloop status` now; at most one runs at a time (the machine has two cores)."""
+    def drain() -> None:
+        """Collect the status still running: it must read the cluster before the next kill changes it."""
         while pending:
             what, who, process = pending.pop()
             samples.append((what, who, cluster.collect(process)))
+
+    def sample(after: str, piece: str, *, wait: bool) -> None:
+        """A `prmloop status` now; at most one runs at a time (the machine has two cores)."""
+        drain()
         process = cluster.status()
         if wait:
             samples.append((after, piece, cluster.collect(process)))
@@ -250,6 +254,7 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
     ) -> dict[str, Any]:
         """SIGKILL ``piece``; a status; the restart; when its work resumed. ``also``: a process that must
         die with it (the flow run a worker runs)."""
+        drain()
         pid, at = cluster.kill(piece)
         _wait(lambda: _gone(pid), 30, f"{piece} (pid {pid}) to die", every_s=0.1)
         if also is not None:
@@ -294,7 +299,9 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
         killed("annotator-1", grew(("StepsLabeled",), CHUNK))
         killed("consensus-1", grew(DECISIONS, CHUNK))
 
-        # A Prefect worker while it runs a flow run: the run's process is the worker's child.
+        # A Prefect worker while it runs a flow run: the run's process is the worker's child. The status
+        # still running is collected first, so the kill follows the catch at once.
+        drain()
         workers = {int(cluster.record(w)["pid"]): w for w in ("worker-cpu-1", "worker-cpu-2")}
         run_id, victim = "", ""
         for _ in range(3):  # a run that finishes before it is caught is simply done: try another
