@@ -31,6 +31,7 @@ from prmloop.flows.stack import ServiceState, last_log_line
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.broker import free_port, port_open
 from prmloop.store.follow import read_links
+from prmloop.store.lake_catalog import READER_ROLE
 from prmloop.store.settings import StateSettings
 
 __all__ = ["ROOT", "cluster_connection", "cluster_down", "cluster_report", "cluster_up", "process_names"]
@@ -139,7 +140,10 @@ def _cli(*args: str) -> list[str]:
 def cluster_env(state: StateSettings, ports: dict[str, int]) -> dict[str, str]:
     """What every prmloop process of the cluster reads (the compose file's ``x-prmloop`` environment)."""
     pg = ports["postgres"]
-    lake = f"ducklake:postgres:dbname=prmloop_lake host=127.0.0.1 port={pg} user=postgres#data={state.home / 'lake'}"
+    lake = (
+        f"ducklake:postgres:dbname=prmloop_lake host=127.0.0.1 port={pg} user=postgres"
+        f"#reader=user={READER_ROLE}#data={state.home / 'lake'}"
+    )
     env = {
         **os.environ,
         "KAFKA_BOOTSTRAP_SERVERS": ",".join(f"127.0.0.1:{ports[b]}" for b in BROKERS),
@@ -215,10 +219,13 @@ def cluster_up(
         ),
     )
     if record is not None:
-        from prmloop.store.postgres import create_databases, wait_ready
+        from prmloop.store.lake_catalog import reader_role_sql
+        from prmloop.store.postgres import create_databases, run_sql, wait_ready
 
         wait_ready("127.0.0.1", pg, timeout_s=90)
         create_databases("127.0.0.1", pg, DATABASES)
+        # `prmloop sql` reads the lake as a role that may only read it (the sinks write as postgres).
+        run_sql("127.0.0.1", pg, "prmloop_lake", reader_role_sql("prmloop_lake"))
     storage = f"postgresql://postgres@127.0.0.1:{pg}/prmloop_broker"
     for name in BROKERS:
         argv = _cli(

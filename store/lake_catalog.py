@@ -37,17 +37,25 @@ READER_ROLE = "prmloop_reader"
 #: Created (or brought up to date) by every process that starts or joins a pgserver catalog: a role
 #: that can log in and read the catalog's tables, present and future, and do nothing else (no
 #: superuser, so no pg_read_file; not the owner's role, so no pg_terminate_backend of a sink).
-_READER_ROLE_SQL = f"""
+
+
+def reader_role_sql(database: str = "postgres") -> str:
+    """SQL that makes :data:`READER_ROLE` (login, read-only, no other right) able to read every table of
+    ``database``'s public schema, those its owner ``postgres`` creates later too; run it in ``database``."""
+    return f"""
 DO $$ BEGIN
     CREATE ROLE {READER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
 END $$;
 ALTER ROLE {READER_ROLE} SET default_transaction_read_only = on;
-GRANT CONNECT ON DATABASE postgres TO {READER_ROLE};
+GRANT CONNECT ON DATABASE "{database}" TO {READER_ROLE};
 GRANT USAGE ON SCHEMA public TO {READER_ROLE};
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE};
 ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public GRANT SELECT ON TABLES TO {READER_ROLE};
 """
+
+
+_READER_ROLE_SQL = reader_role_sql()
 
 
 class LakeError(TransientError):

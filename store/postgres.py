@@ -32,6 +32,7 @@ __all__ = [
     "create_databases",
     "postgres_bin_dir",
     "resolve_storage",
+    "run_sql",
     "serve_postgres",
     "wait_ready",
 ]
@@ -161,6 +162,25 @@ def create_databases(host: str, port: int, names: Sequence[str]) -> list[str]:
             raise PostgresError(f"CREATE DATABASE {name} on {host}:{port} failed: {done.stderr.strip()}")
         created.append(name)
     return created
+
+
+def run_sql(host: str, port: int, database: str, sql: str) -> None:
+    """Run ``sql`` (several statements, one transaction each as psql sends them) as ``postgres`` in ``database``.
+
+    Raises:
+        PostgresError: psql failed (its message, one line).
+    """
+    psql = postgres_bin_dir() / "psql"
+    done = subprocess.run(
+        [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", str(port), "-U", "postgres", "-d", database],
+        input=sql,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise PostgresError(f"SQL in {database} on {host}:{port} failed: {' '.join(done.stderr.split())[:300]}")
 
 
 def serve_postgres(
