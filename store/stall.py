@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 class StallWatch:
     """``stalled(consumer)``: once nothing came for ``after_s``, the records waiting past the group's
-    committed offsets on the consumer's partitions; with no partitions, those on every partition of its
-    topics, but only when the group's committed offsets stood still since the previous check (a member
-    left without partitions beside busy ones is not stalled); 0 otherwise. It asks the broker at most
-    once per ``after_s``; a failed check counts as no stall (a broker that is down is followed elsewhere)."""
+    committed offsets on the consumer's partitions; where none wait there, those on the other partitions
+    of its topics (another member's, or nobody's), but only when the group's committed offsets there
+    stood still since the previous check (a member idle beside busy ones is not stalled); 0 otherwise.
+    It asks the broker at most once per ``after_s``; a failed check counts as no stall (a broker that is
+    down is followed elsewhere)."""
 
     def __init__(self, after_s: float | None) -> None:
         self.after_s = after_s
@@ -37,6 +38,7 @@ class StallWatch:
         self._group_committed: dict[TopicPartition, int] | None = None
         #: Per partition, the newest timestamp (ms) of a record this reader was handed.
         self.last_timestamp: dict[TopicPartition, int] = {}
+        self._behind: dict[TopicPartition, tuple[int, int]] = {}
 
     def saw_records(self, records: Iterable[ConsumerRecord] = ()) -> None:
         self.last_record_at = time.monotonic()
@@ -53,7 +55,8 @@ class StallWatch:
         while 48 new solutions were written below them. Returns, per such partition, (position, end,
         where to read again): the first record stamped at or after the newest one this reader was
         handed (every record written since is new to it; one seen again is harmless, effects are
-        idempotent), else the end. Checked at most once per ``after_s``; a failed check finds nothing."""
+        idempotent), else the end. A partition counts once two checks in a row (``after_s`` apart) saw
+        the same position past the same end; a failed check finds nothing."""
         now = time.monotonic()
         if self.after_s is None or now - self.rewind_checked_at < self.after_s:
             return {}
@@ -63,10 +66,15 @@ class StallWatch:
             if not assigned:
                 return {}
             ends = consumer.end_offsets(assigned)
-            behind = {tp: (int(consumer.position(tp)), int(ends[tp])) for tp in assigned}
-            behind = {tp: pe for tp, pe in behind.items() if pe[0] > pe[1]}
+            now_behind = {tp: (int(consumer.position(tp)), int(ends[tp])) for tp in assigned}
+            now_behind = {tp: pe for tp, pe in now_behind.items() if pe[0] > pe[1]}
+            # Two brokers on one storage can each report an end a record or two behind the other's for a
+            # while: only a position past an end that stood still since the last check is acted on.
+            before, self._behind = self._behind, now_behind
+            behind = {tp: pe for tp, pe in now_behind.items() if before.get(tp) == pe}
             if not behind:
                 return {}
+            self._behind = {tp: pe for tp, pe in now_behind.items() if tp not in behind}
             stamps = {tp: self.last_timestamp[tp] for tp in behind if tp in self.last_timestamp}
             found = consumer.offsets_for_times(stamps) if stamps else {}
             moves = {}
@@ -90,11 +98,16 @@ class StallWatch:
             assigned = sorted(consumer.assignment())
             if assigned:
                 ends = consumer.end_offsets(assigned)
-                return sum(max(0, int(ends[tp]) - int(consumer.committed(tp) or 0)) for tp in assigned)
+                waiting = sum(max(0, int(ends[tp]) - int(consumer.committed(tp) or 0)) for tp in assigned)
+                if waiting:
+                    return waiting
+            # The partitions owned by others, or by nobody: after the brokers' storage went back, two
+            # members each held the same half of a topic and the other half waited, unowned.
             parts = [
                 TopicPartition(topic, p)
                 for topic in sorted(consumer.subscription() or ())
                 for p in sorted(consumer.partitions_for_topic(topic) or ())
+                if TopicPartition(topic, p) not in assigned
             ]
             committed = {tp: int(consumer.committed(tp) or 0) for tp in parts}
             before, self._group_committed = self._group_committed, committed

@@ -210,16 +210,17 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
     assert not runtime._ahead  # nothing left behind
 
 
-@pytest.mark.parametrize("stall", ["paused", "no partitions"])
+@pytest.mark.parametrize("stall", ["paused", "no partitions", "half the partitions"])
 def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
     kafka_bootstrap: str, stall: str
 ) -> None:
     """After the chaos test killed and restarted the cluster's PostgreSQL (the brokers' storage), both
     consensus members stayed in their group and polled, and fetched nothing while 179 records waited,
-    until a rebalance; in another run both scorers, expelled during the outage, sat with no partitions.
+    until a rebalance; in another run both scorers, expelled during the outage, sat with no partitions;
+    in a third both selectors held partitions 0-3 of their topic and 4-7 waited with no owner.
     The runtime must notice (nothing read for ``stall_after_s`` while records wait past the group's
     committed offsets), rejoin, and read them. The client-side causes are not known, so the stall is
-    made here behind the runtime's back: its partitions paused, or its assignment emptied."""
+    made here behind the runtime's back: its partitions paused, its assignment emptied or halved."""
     topic = _topic(2, kafka_bootstrap)
     _send(kafka_bootstrap, topic, [_event(i) for i in range(4)], key=lambda i: str(i).encode())
     seen: list[str] = []
@@ -237,8 +238,10 @@ def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
             consumer = runtime._consumer
             if stall == "paused":
                 consumer.pause(*consumer.assignment())  # fetches nothing from now on, stays in the group
-            else:
+            elif stall == "no partitions":
                 consumer._subscription.assign_from_subscribed([])  # subscribed, in no partition's owner
+            else:  # it keeps partition 0 and partition 1 has no owner, as two members held one half each
+                consumer._subscription.assign_from_subscribed([TopicPartition(topic, 0)])
             stalled.append(consumer)
             _send(kafka_bootstrap, topic, [_event(i) for i in range(4, 8)], key=lambda i: str(i).encode())
         return len(seen) >= 8
