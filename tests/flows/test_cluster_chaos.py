@@ -10,8 +10,8 @@ published event is stored once, every solution scored, selected, labelled, judge
 every flow run completed (the killed one crashed, then ran again), and status told the truth. It prints
 one JSON line: events, kills with their recovery times, lost, duplicated.
 
-A long soak test (about half an hour on two cores: PostgreSQL, two brokers, Prefect and nineteen
-processes), so it is opt-in: it runs only with ``PRMLOOP_CHAOS=1`` (``PRMLOOP_CHAOS=1 pytest
+A long soak test (7-10 minutes on two cores when it passes: PostgreSQL, two brokers, Prefect and
+nineteen processes; it does not pass every run yet, see infra/OPERATIONS.md), so it is opt-in: it runs only with ``PRMLOOP_CHAOS=1`` (``PRMLOOP_CHAOS=1 pytest
 tests/flows/test_cluster_chaos.py -s``), and is skipped, saying so, otherwise.
 """
 
@@ -345,6 +345,10 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
         sent = {i for _, ids in stream.acked for i in ids}
         rows = query(cluster.store, "SELECT event_id::VARCHAR, count(*) FROM events_log GROUP BY 1").rows
         stored = {str(i): int(n) for i, n in rows}
+        # `prmloop sql` reads the cluster's lake on its own (as its read-only role), and sees the same.
+        counted = "SELECT count(*) AS n FROM events"
+        via_sql = cluster.prmloop("sql", counted, "--format", "json")["n"]
+        assert via_sql == cluster.count(counted), (via_sql, cluster.count(counted))
         lost = len(sent - stored.keys())
         duplicated = sum(n - 1 for n in stored.values())
         # Every solution through every stage once: one event each (a reprocessed one keeps its id).
