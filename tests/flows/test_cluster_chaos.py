@@ -11,8 +11,9 @@ every flow run completed (the killed one crashed, then ran again), and status to
 one JSON line: events, kills with their recovery times, lost, duplicated.
 
 A long soak test (7-10 minutes on two cores when it passes: PostgreSQL, two brokers, Prefect and
-nineteen processes; it does not pass every run yet, see infra/OPERATIONS.md), so it is opt-in: it runs only with ``PRMLOOP_CHAOS=1`` (``PRMLOOP_CHAOS=1 pytest
-tests/flows/test_cluster_chaos.py -s``), and is skipped, saying so, otherwise.
+nineteen processes; it does not pass every run yet, see infra/OPERATIONS.md), so it is opt-in: it
+runs only with ``PRMLOOP_CHAOS=1`` (``PRMLOOP_CHAOS=1 pytest tests/flows/test_cluster_chaos.py -s``),
+and is skipped, saying so, otherwise.
 """
 
 from __future__ import annotations
