@@ -191,8 +191,7 @@ class ConsumerRuntime:
                     self._stall.saw_records(batch)
                 elif waiting := self._stall.stalled(self._consumer):
                     self._rejoin(waiting)
-                if moves := self._stall.rewound(self._consumer):
-                    self._read_again(moves)
+                self._stall.read_again(self._consumer, self.name)
         finally:
             for signum, old_handler in previous.items():
                 signal.signal(signum, old_handler)
@@ -267,16 +266,6 @@ class ConsumerRuntime:
         )
         self._replace_consumer(self._connect(self._bootstrap), leave=True)
         self._stall.saw_records()
-
-    def _read_again(self, moves: dict[TopicPartition, tuple[int, int, int]]) -> None:
-        """Seek partitions whose log was rewound beneath this reader (see :meth:`StallWatch.rewound`)."""
-        for tp, (position, end, offset) in moves.items():
-            log.warning(
-                "%s: %s[%d] ends at %d, before this reader's position %d: the broker lost its newest records "
-                "(its storage went back); reading again from %d",
-                self.name, tp.topic, tp.partition, end, position, offset,
-            )  # fmt: skip
-            self._consumer.seek(tp, offset)
 
     def _replace_consumer(self, consumer: KafkaConsumer, *, leave: bool) -> None:
         """Read with ``consumer`` from now on; the old one leaves the group, or (``leave`` False: its

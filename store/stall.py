@@ -118,3 +118,13 @@ class StallWatch:
         except (KafkaError, KeyError) as exc:
             log.debug("the stall check failed: %r", exc)
             return 0
+
+    def read_again(self, consumer: KafkaConsumer, name: str) -> None:
+        """Seek the partitions :meth:`rewound` finds, saying so."""
+        for tp, (position, end, offset) in self.rewound(consumer).items():
+            log.warning(
+                "%s: %s[%d] ends at %d, before this reader's position %d: the broker lost its newest records "
+                "(its storage went back); reading again from %d",
+                name, tp.topic, tp.partition, end, position, offset,
+            )  # fmt: skip
+            consumer.seek(tp, offset)

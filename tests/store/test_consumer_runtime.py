@@ -284,7 +284,7 @@ def test_a_reader_whose_log_went_back_beneath_it_reads_the_records_written_since
             _send(kafka_bootstrap, topic, [_event(i) for i in range(4, 8)])
         return {f"q{i}" for i in range(8)} <= set(seen)
 
-    with caplog.at_level("WARNING", logger="prmloop.store.consumer"):
+    with caplog.at_level("WARNING", logger="prmloop.store"):
         _run_until(runtime, until, timeout_s=120)
     assert moved and {f"q{i}" for i in range(8)} <= set(seen)
     assert any("reading again from" in r.getMessage() for r in caplog.records), caplog.text
