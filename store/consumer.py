@@ -42,7 +42,7 @@ from kafka.structs import OffsetAndMetadata
 
 from prmloop.store.deadletter import DeadLetters
 from prmloop.store.follow import BrokerLink, BrokerWatch
-from prmloop.store.kafka import EventProducer, assign_all_partitions, consumer_config
+from prmloop.store.kafka import EventProducer, assign_all_partitions, consumer_config, without_leave_group
 from prmloop.store.poison import TransientError, is_transient, one_line
 from prmloop.store.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.settings import KafkaSettings
@@ -123,6 +123,7 @@ class ConsumerRuntime:
         if self._watch is not None:
             bootstrap_servers = self._watch.resolve(self.name)
         self._bootstrap = bootstrap_servers
+        self._session_timeout_ms = session_timeout_ms
         self._consumer_options = {
             "group_id": group_id,
             "max_poll_records": max_batch,
@@ -200,15 +201,7 @@ class ConsumerRuntime:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        if not self.assign_all and not self._consumer.assignment():
-            # Still joining the group: a LeaveGroup sent mid-join leaves Tansu's group stuck in its
-            # rebalance (a later member never gets partitions; seen with Tansu 0.5). Forget the member
-            # id instead, so no LeaveGroup is sent and the broker expires the member after the session
-            # timeout, as it does for a killed process.
-            coordinator = getattr(self._consumer, "_coordinator", None)
-            if coordinator is not None:
-                coordinator.reset_generation()
-        try:
+        try:  # no LeaveGroup (store.kafka.without_leave_group): the broker expires the member
             self._consumer.close(autocommit=False, timeout_ms=5_000)
         except KafkaError as exc:  # leaving the group is best effort: the session times out anyway
             log.warning("closing the consumer failed: %r", exc)
@@ -223,7 +216,9 @@ class ConsumerRuntime:
     # ------------------------------------------------------------------------------------------ polling
 
     def _connect(self, bootstrap_servers: str) -> KafkaConsumer:
-        consumer = KafkaConsumer(**consumer_config(self._kafka, bootstrap_servers, **self._consumer_options))
+        consumer = without_leave_group(
+            KafkaConsumer(**consumer_config(self._kafka, bootstrap_servers, **self._consumer_options))
+        )
         try:
             if self.assign_all:
                 assign_all_partitions(consumer, self.topics)
@@ -258,23 +253,19 @@ class ConsumerRuntime:
         return records
 
     def _rejoin(self, waiting: int) -> None:
-        """Leave the group and join it again (see :mod:`prmloop.store.stall`); the new consumer reads from
-        the committed offsets, and effects are idempotent."""
+        """Join the group again as a new member (see :mod:`prmloop.store.stall`); the old one expires after
+        the session timeout. The new consumer reads from the committed offsets; effects are idempotent."""
         idle = self._stall.idle_s()
         log.warning(
             "%s: read nothing for %.0f s while %d records wait on its partitions: rejoining", self.name, idle, waiting
         )
-        self._replace_consumer(self._connect(self._bootstrap), leave=True)
-        self._stall.saw_records()
+        self._replace_consumer(self._connect(self._bootstrap))
 
-    def _replace_consumer(self, consumer: KafkaConsumer, *, leave: bool) -> None:
-        """Read with ``consumer`` from now on; the old one leaves the group, or (``leave`` False: its
-        broker is gone) is forgotten without a LeaveGroup. What it fetched is dropped, and the offsets
-        of a batch in hand from it are not committed."""
+    def _replace_consumer(self, consumer: KafkaConsumer) -> None:
+        """Read with ``consumer`` from now on; the old one is closed without a LeaveGroup (the broker
+        expires it). What it fetched is dropped, and the offsets of a batch in hand from it are not
+        committed."""
         old, self._consumer = self._consumer, consumer
-        coordinator = getattr(old, "_coordinator", None)
-        if coordinator is not None and not leave:
-            coordinator.reset_generation()
         try:
             old.close(autocommit=False, timeout_ms=2_000)
         except KafkaError as exc:
@@ -282,6 +273,7 @@ class ConsumerRuntime:
         self._prefetched.clear()
         self._ahead.clear()
         self._generation += 1
+        self._stall.joined_anew(3 * self._session_timeout_ms / 1000)
 
     def _broker_moved(self) -> bool:
         """True when this runtime moved to the broker that replaced its own in ``broker.json`` (see
@@ -303,7 +295,7 @@ class ConsumerRuntime:
         except (KafkaError, RuntimeError) as exc:
             log.warning("%s: connecting to %s failed (%r); trying again", self.name, change.broker.describe(), exc)
             return False
-        self._replace_consumer(consumer, leave=change.previous.reachable)
+        self._replace_consumer(consumer)
         self._bootstrap = change.broker.bootstrap_servers
         self._dead_letters.reconnect(self._bootstrap)
         self._cluster_id = None

@@ -39,6 +39,7 @@ __all__ = [
     "consumer_config",
     "ensure_topics",
     "event_headers",
+    "without_leave_group",
 ]
 
 #: Broker answers that no retry can change: the record itself is refused.
@@ -101,6 +102,24 @@ def consumer_config(
         "reconnect_backoff_max_ms": 2_000,
         "request_timeout_ms": max(30_000, session_timeout_ms + 5_000),
     }
+
+
+def without_leave_group(consumer: KafkaConsumer) -> KafkaConsumer:
+    """Make ``consumer`` leave its group by silence: it forgets its member id instead of sending
+    LeaveGroup, and the broker expires the member after ``session_timeout_ms``.
+
+    Tansu 0.6 keeps a group's leader when that leader sends LeaveGroup while the group re-forms (a member
+    joined or left since the last assignment): every later member then waits for an assignment from a
+    leader that is gone, for ever. kafka-python sends LeaveGroup on ``close()``, on ``unsubscribe()``
+    and from its heartbeat thread when ``poll()`` was not called for ``max_poll_interval_ms``. Seen in
+    the chaos test after PostgreSQL's restart: both scorers sat joining the group, with records waiting,
+    and new consumers of theirs could not join either. The cost: a stopped member's partitions move
+    after the session timeout (10 s) instead of at once. tests/store/test_group_leave.py shows both.
+    """
+    coordinator = getattr(consumer, "_coordinator", None)
+    if coordinator is not None:
+        coordinator.maybe_leave_group = lambda timeout_ms=None: coordinator.reset_generation()
+    return consumer
 
 
 def event_headers(event: Envelope) -> list[tuple[str, bytes]]:

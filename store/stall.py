@@ -39,6 +39,15 @@ class StallWatch:
         #: Per partition, the newest timestamp (ms) of a record this reader was handed.
         self.last_timestamp: dict[TopicPartition, int] = {}
         self._behind: dict[TopicPartition, tuple[int, int]] = {}
+        #: Until when (monotonic) a new member is left to join: see :meth:`joined_anew`.
+        self.quiet_until = 0.0
+
+    def joined_anew(self, grace_s: float) -> None:
+        """A new consumer replaced the old one, which left the group silently: its partitions move once
+        the broker expires it (a session timeout, then a join: about 18 s with 10 s sessions on Tansu).
+        No stall counts for ``grace_s``, or the watch would replace the new member before it got them."""
+        self.saw_records()
+        self.quiet_until = time.monotonic() + grace_s
 
     def saw_records(self, records: Iterable[ConsumerRecord] = ()) -> None:
         self.last_record_at = time.monotonic()
@@ -92,6 +101,8 @@ class StallWatch:
     def stalled(self, consumer: KafkaConsumer) -> int:
         now = time.monotonic()
         if self.after_s is None or min(now - self.last_record_at, now - self.checked_at) < self.after_s:
+            return 0
+        if now < self.quiet_until:
             return 0
         self.checked_at = now
         try:
