@@ -50,7 +50,8 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False, gpu=False)
     env = engine_environment(threads=1)
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
-    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    # libgomp's own wait policy (spin briefly, then sleep): PASSIVE cost the engine 13-20 % here.
+    assert "OMP_WAIT_POLICY" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
 
 
 def test_on_a_gpu_the_server_keeps_vllms_own_fast_defaults(tmp_path: Path) -> None:
