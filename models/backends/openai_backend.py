@@ -287,12 +287,18 @@ class TokenizedOpenAIBackend(OpenAICompatibleBackend):
 
 
 def load_tokenizer(name: str) -> Any:
-    """A tokenizer for :class:`TokenizedOpenAIBackend`: ``"smollm2"`` (from the embedded GGUF), a folder or hub id."""
+    """A tokenizer for :class:`TokenizedOpenAIBackend`: ``"smollm2"`` (the embedded model's: from its
+    converted folder when there is one, else from the GGUF; no conversion for a tokenizer alone), a
+    folder or hub id."""
     from transformers import AutoTokenizer
 
     from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
+    from prmloop.models.backends.hf_export import COMPLETE_MARKER, smollm2_folder
 
     if name == EMBEDDED_MODEL_NAME:
+        folder = smollm2_folder()
+        if (folder / COMPLETE_MARKER).is_file():
+            return AutoTokenizer.from_pretrained(str(folder))
         path = smollm2_gguf_path()
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return AutoTokenizer.from_pretrained(name)

@@ -230,7 +230,13 @@ def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
         seen.extend(str(c.event.correlation_id) for c in batch)
 
     runtime = ConsumerRuntime(
-        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler, stall_after_s=3
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=kafka_bootstrap,
+        handler=handler,
+        stall_after_s=3,
+        # A short session: the stalled member, replaced silently, leaves the group when it expires.
+        session_timeout_ms=4_000,
     )
 
     def until() -> bool:
@@ -269,7 +275,13 @@ def test_a_reader_whose_log_went_back_beneath_it_reads_the_records_written_since
         seen.extend(str(c.event.correlation_id) for c in batch)
 
     runtime = ConsumerRuntime(
-        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler, stall_after_s=3
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=kafka_bootstrap,
+        handler=handler,
+        stall_after_s=3,
+        # A short session: the stalled member, replaced silently, leaves the group when it expires.
+        session_timeout_ms=4_000,
     )
 
     def until() -> bool:
