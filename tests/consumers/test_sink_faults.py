@@ -38,17 +38,17 @@ def stored_ids(db: Path, ids: list[uuid.UUID]) -> set[uuid.UUID]:
 
 
 @pytest.mark.slow
-def test_sink_killed_twenty_times_while_events_flow_loses_and_duplicates_nothing(
+def test_sink_killed_twelve_times_while_events_flow_loses_and_duplicates_nothing(
     kafka_bootstrap: str, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
-    events = sink_tools.fresh_events(4000, seed=101)
+    events = sink_tools.fresh_events(2400, seed=101)
     db = tmp_path / "store.duckdb"
     group = f"sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(5)
 
     publisher = sink_tools.publish_slowly(kafka_bootstrap, events, pause_s=0.5)
     kills = 0
-    while kills < 20:
+    while kills < 12:
         proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)
         time.sleep(rng.uniform(0.05, 1.5))
         proc.kill()

@@ -74,7 +74,8 @@ def test_two_sinks_in_one_group_killed_now_and_then_store_everything_once(
 
 
 @pytest.mark.slow
-def test_two_sinks_killed_ten_times_while_events_flow_lose_and_double_nothing(
+def test_two_sinks_killed_six_times_while_events_flow_lose_and_double_nothing(
     kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: SinkTools
 ) -> None:
-    _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=4000, kills=10, seed=302)
+    # Six kills, not ten: the cluster's chaos test kills a sink of two on a lake under a stream too.
+    _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=2400, kills=6, seed=302)
