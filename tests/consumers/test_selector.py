@@ -61,12 +61,16 @@ def extractor(tiny_backend: Any) -> FeatureExtractor:
     return FeatureExtractor(FeatureSpec(layers=(1.0,)), model=tiny_backend.model, tokenizer=tiny_backend.tokenizer)
 
 
-def _ensemble(extractor: FeatureExtractor, tmp_path: Path, name: str) -> Path:
+def _ensemble(extractor: FeatureExtractor, tmp_path: Path, name: str, seed: int = 0) -> Path:
+    """A trained ensemble saved as ``name``. Its id is its files' digest: two trained with one seed are
+    the same model whenever their ``train_seconds`` agree to the millisecond (a CI run saw it), so a
+    different model takes a different ``seed``."""
     examples = [
         PRMExample(s.problem or "", s.steps, (True, True) if s.correct else (False, False))
         for s in (_scored("train", i, correct=i % 2 == 0) for i in range(16))
     ]
-    prm, _ = train_ensemble_prm(examples, config=FAST, extractor=extractor, spec=extractor.spec)
+    config = FAST.model_copy(update={"seed": seed})
+    prm, _ = train_ensemble_prm(examples, config=config, extractor=extractor, spec=extractor.spec)
     return prm.save(tmp_path / name)
 
 
@@ -180,7 +184,7 @@ def test_two_rounds_of_selection_on_a_real_broker_and_store(
     assert len(rows.rows) == len(skipped) and all(r[1] == model_id and "confident" in r[2] for r in rows.rows)
 
     # A newer PRM, strict thresholds: it takes up everything the older one skipped.
-    newer = _register(store, _ensemble(extractor, tmp_path, "prm-b"), 2)
+    newer = _register(store, _ensemble(extractor, tmp_path, "prm-b", seed=1), 2)
     from prmloop.flows.select import revisit_skipped
 
     strict = settings.model_copy(update={"std_max": 1e-9})
