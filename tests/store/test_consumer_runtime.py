@@ -210,6 +210,19 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
     assert not runtime._ahead  # nothing left behind
 
 
+def _watched_runtime(topic: str, servers: str, handler: Callable[[list[ConsumedEvent]], None]) -> ConsumerRuntime:
+    """A runtime whose stall watch acts after 3 s, in a short session: a member it replaces (silently,
+    as every member leaves) is out of the group when its 4 s session expires, not 10 s."""
+    return ConsumerRuntime(
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=servers,
+        handler=handler,
+        stall_after_s=3,
+        session_timeout_ms=4_000,
+    )
+
+
 @pytest.mark.parametrize("stall", ["paused", "no partitions", "half the partitions"])
 def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
     kafka_bootstrap: str, stall: str
@@ -229,15 +242,7 @@ def test_a_member_that_stops_fetching_while_records_wait_rejoins_and_reads_them(
     def handler(batch: list[ConsumedEvent]) -> None:
         seen.extend(str(c.event.correlation_id) for c in batch)
 
-    runtime = ConsumerRuntime(
-        topics=[topic],
-        group_id=f"g-{topic}",
-        bootstrap_servers=kafka_bootstrap,
-        handler=handler,
-        stall_after_s=3,
-        # A short session: the stalled member, replaced silently, leaves the group when it expires.
-        session_timeout_ms=4_000,
-    )
+    runtime = _watched_runtime(topic, kafka_bootstrap, handler)
 
     def until() -> bool:
         if len(seen) >= 4 and not stalled:
@@ -274,15 +279,7 @@ def test_a_reader_whose_log_went_back_beneath_it_reads_the_records_written_since
     def handler(batch: list[ConsumedEvent]) -> None:
         seen.extend(str(c.event.correlation_id) for c in batch)
 
-    runtime = ConsumerRuntime(
-        topics=[topic],
-        group_id=f"g-{topic}",
-        bootstrap_servers=kafka_bootstrap,
-        handler=handler,
-        stall_after_s=3,
-        # A short session: the stalled member, replaced silently, leaves the group when it expires.
-        session_timeout_ms=4_000,
-    )
+    runtime = _watched_runtime(topic, kafka_bootstrap, handler)
 
     def until() -> bool:
         if len(seen) >= 4 and not moved:
