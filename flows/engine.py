@@ -88,7 +88,7 @@ def vllm_python() -> Path:
 def engine_unavailable() -> str | None:
     """Why this machine cannot run the engine (None: it can): no ``.venv-vllm``, or vLLM failed to
     install there (``make vllm`` records why), or the embedded model is not converted yet."""
-    from prmloop.models.backends.hf_export import COMPLETE_MARKER, smollm2_folder
+    from prmloop.models.backends.hf_export import converted_smollm2_folder, smollm2_folder
 
     try:
         python = vllm_python()
@@ -97,7 +97,7 @@ def engine_unavailable() -> str | None:
     failed = python.parent.parent / ".install-failed"
     if failed.is_file():
         return " ".join(failed.read_text().split())[:300]
-    if not (smollm2_folder() / COMPLETE_MARKER).is_file():
+    if converted_smollm2_folder() is None:
         return f"the embedded model is not converted for vLLM ({smollm2_folder()}): {_INSTALL_HINT}"
     return None
 

@@ -30,7 +30,14 @@ from typing import Any
 
 from prmloop.models.backends.embedded import smollm2_gguf_path
 
-__all__ = ["COMPLETE_MARKER", "embedded_smollm2_source", "ensure_smollm2_folder", "model_cache_dir", "smollm2_folder"]
+__all__ = [
+    "COMPLETE_MARKER",
+    "converted_smollm2_folder",
+    "embedded_smollm2_source",
+    "ensure_smollm2_folder",
+    "model_cache_dir",
+    "smollm2_folder",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +59,12 @@ def smollm2_folder(cache: Path | None = None) -> Path:
     return (cache or model_cache_dir()) / f"{smollm2_gguf_path().stem}-float32"
 
 
+def converted_smollm2_folder(cache: Path | None = None) -> Path | None:
+    """The converted folder if a conversion finished (its marker is there), else ``None``."""
+    target = smollm2_folder(cache)
+    return target if (target / COMPLETE_MARKER).is_file() else None
+
+
 def ensure_smollm2_folder(cache: Path | None = None) -> Path:
     """The converted folder, converting the GGUF first when it is not there yet (about 25 s, 540 MB).
 
@@ -59,15 +72,15 @@ def ensure_smollm2_folder(cache: Path | None = None) -> Path:
     folder. The conversion writes into a temporary folder renamed into place when complete, so a reader
     never sees a half-written folder, even from a process that ignores the lock.
     """
+    done = converted_smollm2_folder(cache)
+    if done is not None:
+        return done
     target = smollm2_folder(cache)
-    if (target / COMPLETE_MARKER).is_file():
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{target.name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        if (target / COMPLETE_MARKER).is_file():  # another process converted it while this one waited
-            return target
-        _convert_into(target)
+        if converted_smollm2_folder(cache) is None:  # else another process converted it meanwhile
+            _convert_into(target)
     return target
 
 

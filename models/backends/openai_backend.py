@@ -293,11 +293,11 @@ def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     from prmloop.models.backends.embedded import EMBEDDED_MODEL_NAME, smollm2_gguf_path
-    from prmloop.models.backends.hf_export import COMPLETE_MARKER, smollm2_folder
+    from prmloop.models.backends.hf_export import converted_smollm2_folder
 
     if name == EMBEDDED_MODEL_NAME:
-        folder = smollm2_folder()
-        if (folder / COMPLETE_MARKER).is_file():
+        folder = converted_smollm2_folder()
+        if folder is not None:
             return AutoTokenizer.from_pretrained(str(folder))
         path = smollm2_gguf_path()
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

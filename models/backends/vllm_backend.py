@@ -111,16 +111,13 @@ def engine_flags(options: Mapping[str, Any]) -> list[str]:
 
 
 def _converted_smollm2() -> Any:
-    from prmloop.models.backends.hf_export import COMPLETE_MARKER, ensure_smollm2_folder, smollm2_folder
+    from prmloop.models.backends.hf_export import ensure_smollm2_folder, smollm2_folder
 
-    folder = smollm2_folder()
-    if (folder / COMPLETE_MARKER).is_file():
-        return folder
     try:
         return ensure_smollm2_folder()
     except ImportError as exc:  # the vLLM environment has no ``gguf`` package to read the file with
         raise FileNotFoundError(
-            f"the embedded model is not converted for vLLM yet ({folder} is missing) and this environment "
+            f"the embedded model is not converted for vLLM yet ({smollm2_folder()} is missing) and this environment "
             f"cannot convert it ({exc}); run `make vllm` in the prmloop checkout"
         ) from exc
 
