@@ -46,7 +46,7 @@ from prmloop.store.kafka import EventProducer, assign_all_partitions, consumer_c
 from prmloop.store.poison import TransientError, is_transient, one_line
 from prmloop.store.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.stall import StallWatch
+from prmloop.store.stall import JoinListener, StallWatch
 from prmloop.store.topics import TOPIC_OF
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,9 @@ class ConsumerRuntime:
                     last_record = time.monotonic()
                     self._stall.saw_records(batch)
                 elif waiting := self._stall.stalled(self._consumer):
-                    self._rejoin(waiting)
+                    self._rejoin(f"read nothing for {self._stall.idle_s():.0f} s while {waiting} records wait")
+                elif joining := self._stall.join_hung():
+                    self._rejoin(f"its join of the group has not finished after {joining:.0f} s")
                 self._stall.read_again(self._consumer, self.name)
         finally:
             for signum, old_handler in previous.items():
@@ -223,7 +225,7 @@ class ConsumerRuntime:
             if self.assign_all:
                 assign_all_partitions(consumer, self.topics)
             else:
-                consumer.subscribe(self.topics)
+                consumer.subscribe(self.topics, listener=JoinListener(self._stall))
         except BaseException:
             consumer.close(autocommit=False, timeout_ms=1_000)
             raise
@@ -252,14 +254,18 @@ class ConsumerRuntime:
                 break
         return records
 
-    def _rejoin(self, waiting: int) -> None:
+    def _rejoin(self, why: str) -> None:
         """Join the group again as a new member (see :mod:`prmloop.store.stall`); the old one expires after
-        the session timeout. The new consumer reads from the committed offsets; effects are idempotent."""
-        idle = self._stall.idle_s()
-        log.warning(
-            "%s: read nothing for %.0f s while %d records wait on its partitions: rejoining", self.name, idle, waiting
-        )
-        self._replace_consumer(self._connect(self._bootstrap))
+        the session timeout. The new consumer reads from the committed offsets; effects are idempotent. A
+        broker that cannot be reached now leaves the old consumer in place: the watch asks again later."""
+        log.warning("%s: %s: rejoining the group as a new member", self.name, why)
+        try:
+            consumer = self._connect(self._bootstrap)
+        except (KafkaError, RuntimeError) as exc:
+            log.warning("%s: rejoining failed (%r); trying again later", self.name, exc)
+            self._stall.wait_again(3 * self._session_timeout_ms / 1000)
+            return
+        self._replace_consumer(consumer)
 
     def _replace_consumer(self, consumer: KafkaConsumer) -> None:
         """Read with ``consumer`` from now on; the old one is closed without a LeaveGroup (the broker

@@ -7,6 +7,12 @@ a rebalance (one member stopped) freed them at once. In the next run both scorer
 with ``UnknownMemberIdError`` (the group had expelled them during the outage) and they sat with no
 partitions while 15 records waited. The runtime checks for either state between polls and then rejoins
 the group (:meth:`prmloop.store.consumer.ConsumerRuntime.run`).
+
+A third state, seen in a CI run of the chaos test: after the restart both consensus members sat in
+JoinGroup for ten minutes (the group listed a third member, gone) while 80 solutions waited for their
+decision; a new consumer of the group joined, and the group formed at once with it and both members.
+A member whose join has not finished after ``after_s`` joins again as a new member
+(:meth:`StallWatch.join_hung`, told of joins by :class:`JoinListener`).
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import logging
 import time
 from collections.abc import Iterable
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
-__all__ = ["StallWatch"]
+__all__ = ["JoinListener", "StallWatch"]
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +47,37 @@ class StallWatch:
         self._behind: dict[TopicPartition, tuple[int, int]] = {}
         #: Until when (monotonic) a new member is left to join: see :meth:`joined_anew`.
         self.quiet_until = 0.0
+        #: Since when (monotonic) the consumer has been joining its group; None once it has partitions.
+        self.joining_since: float | None = None
+
+    def join_began(self) -> None:
+        if self.joining_since is None:
+            self.joining_since = time.monotonic()
+
+    def join_ended(self) -> None:
+        self.joining_since = None
+
+    def join_hung(self) -> float:
+        """Seconds this member has been joining its group, once that is ``after_s`` or more (0 before,
+        and while a new member is left to join). A join takes a session timeout at most here (the broker
+        waits for the members it knows); one still going after ``after_s`` waits for a member that is
+        gone, and a new member's join lets the group form (see the module's docstring)."""
+        now = time.monotonic()
+        if self.after_s is None or self.joining_since is None or now < self.quiet_until:
+            return 0.0
+        joining = now - self.joining_since
+        return joining if joining >= self.after_s else 0.0
 
     def joined_anew(self, grace_s: float) -> None:
         """A new consumer replaced the old one, which left the group silently: its partitions move once
         the broker expires it (a session timeout, then a join: about 18 s with 10 s sessions on Tansu).
         No stall counts for ``grace_s``, or the watch would replace the new member before it got them."""
+        self.wait_again(grace_s)
+        self.joining_since = None
+
+    def wait_again(self, grace_s: float) -> None:
+        """Neither a stall nor a hung join counts for ``grace_s`` (a rejoin that could not reach the broker
+        is tried again after it); the stall's clock starts again."""
         self.saw_records()
         self.quiet_until = time.monotonic() + grace_s
 
@@ -139,3 +171,17 @@ class StallWatch:
                 name, tp.topic, tp.partition, end, position, offset,
             )  # fmt: skip
             consumer.seek(tp, offset)
+
+
+class JoinListener(ConsumerRebalanceListener):
+    """Tells a :class:`StallWatch` when its consumer starts joining the group (kafka-python revokes the
+    partitions first, on every join, the first included) and when the join ends (partitions assigned)."""
+
+    def __init__(self, watch: StallWatch) -> None:
+        self.watch = watch
+
+    def on_partitions_revoked(self, revoked: object) -> None:
+        self.watch.join_began()
+
+    def on_partitions_assigned(self, assigned: object) -> None:
+        self.watch.join_ended()

@@ -209,6 +209,34 @@ def _decided(cluster: Cluster) -> int:
     )
 
 
+def _stuck(cluster: Cluster) -> str:
+    """Where a chain that stopped deciding stands: solutions per stage, each group's lag per topic, and
+    each Kafka service's last log lines (a failure in CI must say which stage stalled, and why)."""
+    stages = ",".join(f"'{t}'" for t in (*STAGES, *DECISIONS))
+    try:
+        per_stage = query(
+            cluster.store,
+            f"SELECT event_type, count(DISTINCT payload->>'solution_id') FROM events WHERE event_type IN ({stages}) "
+            "GROUP BY ALL ORDER BY 1",
+            timeout_s=30,
+        ).rows
+    except Exception as e:  # noqa: BLE001 - a report, not a check
+        per_stage = [("store unreadable", str(e)[:300])]
+    try:
+        status = cluster.collect(cluster.status())
+        lag = status.get("consumers", {}).get("lag") if isinstance(status.get("consumers"), dict) else status
+    except Exception as e:  # noqa: BLE001
+        lag = f"status failed: {str(e)[:300]}"
+    tails = {}
+    for log in sorted((cluster.home / "logs").glob("*.log")):
+        if log.stem.split("-", maxsplit=1)[0] in KAFKA_SERVICES:
+            lines = log.read_text(errors="replace").splitlines()
+            tails[log.stem] = [line[:300] for line in lines[-6:]]
+    report = json.dumps({"per_stage": per_stage, "lag": lag, "logs": tails}, default=str)
+    print(f"chaos stuck: {report}", file=sys.stderr, flush=True)
+    return report
+
+
 def _of_type(cluster: Cluster, event_type: str) -> int | None:
     return cluster.count(f"SELECT count(*) FROM events WHERE event_type = '{event_type}'")
 
@@ -336,7 +364,10 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
         published = stream.solutions
         assert published >= MIN_SOLUTIONS
 
-        _wait(lambda: _decided(cluster) >= published, 600, f"all {published} solutions decided", every_s=5)
+        try:
+            _wait(lambda: _decided(cluster) >= published, 600, f"all {published} solutions decided", every_s=5)
+        except AssertionError as stuck:
+            raise AssertionError(f"{stuck}; kills: {kills}; where the chain stands: {_stuck(cluster)}") from None
         sample("drained", "", wait=True)
         doubled_before = cluster.count("SELECT count(*) - count(DISTINCT event_id) FROM events_log")
         final_run = cluster.run_deployment("compact/compact")
