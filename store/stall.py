@@ -8,9 +8,10 @@ with ``UnknownMemberIdError`` (the group had expelled them during the outage) an
 partitions while 15 records waited. The runtime checks for either state between polls and then rejoins
 the group (:meth:`prmloop.store.consumer.ConsumerRuntime.run`).
 
-A third state, seen in a CI run of the chaos test: after the restart both consensus members sat in
-JoinGroup for ten minutes (the group listed a third member, gone) while 80 solutions waited for their
-decision; a new consumer of the group joined, and the group formed at once with it and both members.
+A third state, in the chaos test (a CI run failed on it; reproduced here): after the restart both
+consensus members read nothing for ten minutes while 80 solutions waited for their decision, the group
+listed a third member, gone, and a stack dump caught a member inside kafka-python's join; a new consumer
+of the group joined, and the group formed at once with it and both members.
 A member whose join has not finished after ``after_s`` joins again as a new member
 (:meth:`StallWatch.join_hung`, told of joins by :class:`JoinListener`).
 """

@@ -1,9 +1,10 @@
 """A member whose join of its group does not finish joins again as a new member (store/stall.py).
 
-Seen in a CI run of the chaos test: after the cluster's PostgreSQL came back, both consensus members sat
-in JoinGroup for ten minutes while 80 solutions waited, and a new member's join let the group form at
-once. The watch's clock is checked by hand here; against the real broker, a member that never comes
-back to the group's re-forming holds the runtime's join up, and the runtime must notice and rejoin.
+Seen in the chaos test (a CI run, then here): after the cluster's PostgreSQL came back, both consensus
+members read nothing for ten minutes while 80 solutions waited, one caught inside kafka-python's join,
+and a new member's join let the group form at once. The watch's clock is checked by hand here; against
+the real broker, a member that never comes back to the group's re-forming holds the runtime's join up,
+and the runtime must notice and rejoin.
 """
 
 from __future__ import annotations
