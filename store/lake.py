@@ -24,7 +24,9 @@ built for the pinned DuckDB version: nothing is downloaded.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +51,7 @@ from prmloop.store.lake_catalog import (
     parse_lake,
     pgserver_folders,
 )
+from prmloop.store.poison import is_transient
 
 __all__ = [  # with what store/lake_catalog.py defines, re-exported: importers of this module need it
     "ALIAS",
@@ -72,8 +75,11 @@ __all__ = [  # with what store/lake_catalog.py defines, re-exported: importers o
     "local_postgres",
     "open_lake",
     "parse_lake",
+    "release",
     "retrying",
 ]
+
+log = logging.getLogger(__name__)
 
 ALIAS = "lake"
 #: The PostgreSQL database DuckLake attaches for the catalog (the name ``prmloop sql`` must not reach).
@@ -257,6 +263,32 @@ def retrying(action: Callable[[], T], *, attempts: int = 20, what: str = "the la
     raise AssertionError("unreachable")
 
 
+def release(con: duckdb.DuckDBPyConnection) -> None:
+    """Close ``con``, unless it holds a transaction it cannot roll back. Closing rolls back what is
+    open, and a rollback that fails there (the catalog's connection lost: "Failed to execute query
+    ROLLBACK"; a database a fatal error invalidated) throws inside DuckDB's destructor, which aborts the
+    whole process: a sink died so when PostgreSQL was killed under it. Such a connection is set aside
+    for good instead (never freed: freeing it would abort too); that costs its memory, once per lost
+    catalog."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error as exc:
+        if "no transaction is active" not in str(exc):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(con))
+            _SET_ASIDE.append(_one_line(exc))
+            log.warning(
+                "a DuckDB connection to the lake cannot roll back (%s): set aside, not closed (%d so far)",
+                _one_line(exc),
+                len(_SET_ASIDE),
+            )
+            return
+    con.close()
+
+
+#: Why each connection :func:`release` set aside did (this process).
+_SET_ASIDE: list[str] = []
+
+
 @contextmanager
 def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection with the lake attached and selected. Readers get no file, network or extension
@@ -277,7 +309,7 @@ def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> 
             con.execute("SET lock_configuration = true")
         yield con
     finally:
-        con.close()
+        release(con)
 
 
 def ensure_schema(store: LakeStore, projections: str) -> None:
@@ -339,14 +371,18 @@ class LakeEventStore:
         # One attached connection per sink: attaching costs a catalog round trip per batch otherwise.
         if self._con is None:
             con = duckdb.connect(config=dict(_BASE_CONFIG))
-            _attach(con, self.store, read_only=False)
+            try:
+                _attach(con, self.store, read_only=False)
+            except BaseException:
+                release(con)
+                raise
             self._con = con
         return self._con
 
     def close(self) -> None:
         if self._con is not None:
-            self._con.close()
-            self._con = None
+            con, self._con = self._con, None
+            release(con)
 
     def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
         from prmloop.store.duck import WriteResult, stage_sql
@@ -364,8 +400,8 @@ class LakeEventStore:
         def transaction() -> tuple[int, int]:
             con = self._connection()
             now = datetime.now(UTC)
-            con.execute("BEGIN TRANSACTION")
             try:
+                con.execute("BEGIN TRANSACTION")
                 con.register("incoming", rows)
                 con.register("incoming_offsets", off)
                 con.execute(stage_sql(rows))
@@ -381,22 +417,30 @@ class LakeEventStore:
                     [now, self.writer],
                 )
                 con.execute("COMMIT")
+                con.execute("DROP TABLE IF EXISTS temp.staged")
+                con.unregister("incoming")
+                con.unregister("incoming_offsets")
             except BaseException:
-                try:
-                    con.execute("ROLLBACK")
-                except duckdb.Error:
-                    self.close()  # the connection is unusable; the next attempt attaches again
+                # Whatever failed (a lost commit race, PostgreSQL gone mid-batch), nothing of this batch
+                # stays on the connection: the next attempt attaches a new one. Rolling back and cleaning
+                # up here could fail half-way and leave a view that makes every later batch fail.
+                self.close()
                 raise
-            finally:
-                try:
-                    con.execute("DROP TABLE IF EXISTS temp.staged")
-                    con.unregister("incoming")
-                    con.unregister("incoming_offsets")
-                except duckdb.Error:
-                    pass
             return inserted, conflicts
 
-        inserted, conflicts = retrying(transaction)
+        try:
+            inserted, conflicts = retrying(transaction)
+        except duckdb.Error as exc:
+            if is_transient(exc):
+                raise
+            # A catalog lost in the middle of a batch shows as any kind of DuckDB error (a COPY that
+            # failed to prepare, statistics it could not read, an invalidated database), which the
+            # consumer runtime would take for a poison batch and dead-letter. Once more on a fresh
+            # connection: a lost catalog then fails to connect (transient) or is back and stores the
+            # batch; a batch that fails twice the same way is what its error says.
+            log.warning("the lake transaction failed (%s): trying once more on a new connection", _one_line(exc))
+            time.sleep(0.5)
+            inserted, conflicts = retrying(transaction)
         return WriteResult(rows.num_rows, inserted, 0.0, time.monotonic() - t0, conflicts)
 
 
