@@ -12,8 +12,7 @@ one JSON line: events, kills with their recovery times, lost, duplicated.
 
 A long soak test (6-11 minutes on two cores: PostgreSQL, two brokers, Prefect and nineteen processes),
 so it runs with ``PRMLOOP_CHAOS=1`` (alone: ``PRMLOOP_CHAOS=1 pytest tests/flows/test_cluster_chaos.py
--s``), and is skipped, saying so, otherwise: ``make test`` stays lean. ``.ci/run`` leaves it out while a
-sink can abort inside DuckDB when PostgreSQL dies (infra/OPERATIONS.md).
+-s``), and is skipped, saying so, otherwise: ``make test`` stays lean. ``.ci/run`` runs it.
 """
 
 from __future__ import annotations
