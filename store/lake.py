@@ -264,12 +264,9 @@ def retrying(action: Callable[[], T], *, attempts: int = 20, what: str = "the la
 
 
 def release(con: duckdb.DuckDBPyConnection) -> None:
-    """Close ``con``, unless it holds a transaction it cannot roll back. Closing rolls back what is
-    open, and a rollback that fails there (the catalog's connection lost: "Failed to execute query
-    ROLLBACK"; a database a fatal error invalidated) throws inside DuckDB's destructor, which aborts the
-    whole process: a sink died so when PostgreSQL was killed under it. Such a connection is set aside
-    for good instead (never freed: freeing it would abort too); that costs its memory, once per lost
-    catalog."""
+    """Close ``con``, unless it cannot roll back (its catalog lost, or its database invalidated): then
+    closing it, or freeing it, throws inside DuckDB's destructor and aborts the process (a sink died so
+    when PostgreSQL was killed). Such a connection is set aside for good, at the cost of its memory."""
     try:
         con.execute("ROLLBACK")
     except duckdb.Error as exc:
