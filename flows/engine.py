@@ -10,6 +10,9 @@ so one engine batches the sampler's, scorer's, annotator's, judge's and prioriti
 Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTURE.md's traps):
 
 - ``--dtype float32``: ``auto`` picks bfloat16, which falls back to slow kernels on an AVX2 CPU.
+- ``--distributed-executor-backend uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the model runs in the
+  engine's process, not in a worker of its own that the engine process waits on spinning; that spinning
+  took about a third of the tokens/s on two cores (``cpu_executor`` in models/backends/vllm_backend.py).
 - ``--enforce-eager``: torch.compile's warm-up costs 77-133 s at every start (its cache fails to reload).
 - ``--enable-prefix-caching``: Monte-Carlo rollouts of one solution share their prefix's KV blocks.
 - ``--enable-prompt-tokens-details``: responses report ``cached_tokens``, how tests and the bench see hits.
@@ -37,7 +40,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.backends.vllm_backend import CPU_MAX_MODEL_LEN, engine_flags, engine_options_from_environment
+from prmloop.models.backends.vllm_backend import (
+    CPU_MAX_MODEL_LEN,
+    ONE_PROCESS_VARIABLE,
+    cpu_executor,
+    engine_flags,
+    engine_options_from_environment,
+)
 
 __all__ = [
     "ENGINE_SERVICES",
@@ -107,9 +116,14 @@ def default_threads() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def engine_environment(threads: int | None = None, kv_cache_gib: int = 2) -> dict[str, str]:
-    """The variables that set the CPU engine's threads, binding and KV cache (see the module docstring)."""
-    return {
+def engine_environment(threads: int | None = None, kv_cache_gib: int = 2, *, gpu: bool | None = None) -> dict[str, str]:
+    """The variables that set the CPU engine's threads, binding, process and KV cache (see the module docstring).
+
+    Without a GPU (``gpu``; default: :func:`gpu_present`) they also let the model run in the engine's
+    own process (:func:`~prmloop.models.backends.vllm_backend.cpu_executor`).
+    """
+    one_process = {} if (gpu_present() if gpu is None else gpu) else {ONE_PROCESS_VARIABLE: "0"}
+    return one_process | {
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads or default_threads()),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
@@ -140,7 +154,8 @@ def engine_command(
     flags or overrides these (:func:`~prmloop.models.backends.vllm_backend.engine_options_from_environment`).
     """
     options: dict[str, Any] = {"dtype": "bfloat16", "gpu_memory_utilization": 0.5}
-    if not (gpu_present() if gpu is None else gpu):
+    cpu = not (gpu_present() if gpu is None else gpu)
+    if cpu:
         # Whole prefills: a seeded request prefilled in chunks crashes the CPU build's engine ("CPU
         # Generator does not use offset"; see models/backends/vllm_backend.py), and a step must then hold a
         # whole prompt, so the context is capped there too.
@@ -152,6 +167,8 @@ def engine_command(
             "max_num_batched_tokens": CPU_MAX_MODEL_LEN,
         }
     options |= {"enable_prefix_caching": prefix_caching, "seed": 0} | engine_options_from_environment()
+    if cpu:
+        options = cpu_executor(options) | options
     return [
         str(python),
         "-m",

@@ -37,9 +37,10 @@ from prmloop.flows.engine import (
     vllm_python,
     wait_ready,
 )
+from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
 from prmloop.store.broker import free_port
 
-__all__ = ["bench_engines"]
+__all__ = ["bench_engines", "cpu_flags"]
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -104,8 +105,24 @@ def _server(python: Path, model: Path, caching: bool, env: dict[str, str]) -> It
     Path(log.name).unlink(missing_ok=True)
 
 
+def cpu_flags() -> list[str]:
+    """The vector extensions this CPU reports that decide its matrix kernels (``/proc/cpuinfo``; [] elsewhere)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in wanted if flag in flags]
+
+
 def bench_engines(
-    quick: bool, *, threads: int | None = None, seed: int = 0, say: Callable[[str], None] = lambda line: None
+    quick: bool,
+    *,
+    threads: int | None = None,
+    seed: int = 0,
+    dtype: str | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Run the comparison (see the module docstring); returns one JSON-able dict.
 
@@ -113,6 +130,8 @@ def bench_engines(
         quick: 4 questions and 32-token completions instead of 8 and 96.
         threads: CPU threads of every engine (default: the cores, at most 2).
         seed: the sampling seed of every run.
+        dtype: every engine's dtype (default: float32 on a CPU, bfloat16 on a GPU); vLLM gets it through
+            ``$PRMLOOP_VLLM_OPTIONS``.
         say: progress lines.
     """
     from prmloop.models.backends.openai_backend import TokenizedOpenAIBackend, load_tokenizer
@@ -130,8 +149,10 @@ def bench_engines(
     import torch
 
     # A GPU runs every engine on it: transformers in bfloat16 there, as vLLM runs (engine_command).
-    device, dtype = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+    device, default_dtype = ("cuda", "bfloat16") if torch.cuda.is_available() else ("cpu", "float32")
+    dtype = dtype or default_dtype
     result["device"] = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
+    result["dtype"], result["cpu_flags"] = dtype, cpu_flags()
     say(f"transformers in process ({device}, {dtype})")
     backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads, device=device, dtype=dtype)
     result["transformers"] = run_workload(backend, workload)
@@ -146,6 +167,8 @@ def bench_engines(
         python = model = None
     if python is not None and model is not None:
         env = {**os.environ, **engine_environment(threads)}
+        if dtype != default_dtype:
+            env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), "dtype": dtype})
         inprocess: dict[str, Any] = {}
         server: dict[str, Any] = {}
         for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):

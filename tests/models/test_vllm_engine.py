@@ -59,7 +59,7 @@ def test_the_in_process_backend_keeps_its_contract_in_the_vllm_environment() -> 
     tail = result.stdout[-4000:]
     assert result.returncode == 0, tail + result.stderr[-2000:]
     summary = tail.strip().splitlines()[-1]
-    assert re.search(r"\b8 passed\b", summary), summary
+    assert re.search(r"\b9 passed\b", summary), summary
     assert not re.search(r"skipped|failed|error|deselected", summary), summary
 
 

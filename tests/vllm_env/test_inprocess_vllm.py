@@ -7,7 +7,9 @@ Kafka and Prefect, which that environment lacks), so the main run does not colle
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +97,26 @@ def test_rollouts_reuse_the_prefix_blocks_a_previous_call_cached(backend: VLLMBa
 def test_scoring_refuses_an_empty_prompt(backend: VLLMBackend) -> None:
     with pytest.raises(ValueError, match="non-empty prompt"):
         backend.score([("", "x")])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[-1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_on_a_cpu_the_model_runs_in_this_process(backend: VLLMBackend) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU vLLM keeps its own executor")
+    # No worker process for the engine to wait on spinning (cpu_executor), so no child at all.
+    assert backend.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend == "uni"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert _children(os.getpid()) == []
