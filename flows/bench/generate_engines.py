@@ -73,7 +73,9 @@ def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[s
 
 
 @contextlib.contextmanager
-def _server(python: Path, model: Path, caching: bool, env: dict[str, str]) -> Iterator[tuple[str, float]]:
+def _server(
+    python: Path, model: Path, caching: bool, env: dict[str, str], overrides: dict[str, Any]
+) -> Iterator[tuple[str, float]]:
     """A vLLM server of the bench's own on a free port (URL, start seconds), stopped on exit."""
     import time
 
@@ -82,7 +84,7 @@ def _server(python: Path, model: Path, caching: bool, env: dict[str, str]) -> It
     with tempfile.NamedTemporaryFile(prefix="prmloop-bench-engine-", suffix=".log", delete=False) as log:
         started = time.perf_counter()
         process = subprocess.Popen(
-            engine_command(python, model, port, prefix_caching=caching),
+            engine_command(python, model, port, prefix_caching=caching, overrides=overrides),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -167,8 +169,9 @@ def bench_engines(
         python = model = None
     if python is not None and model is not None:
         env = {**os.environ, **engine_environment(threads)}
-        if dtype != default_dtype:
-            env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), "dtype": dtype})
+        overrides = {} if dtype == default_dtype else {"dtype": dtype}
+        if overrides:  # the in-process runs read it from their environment, the server from its flags
+            env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), **overrides})
         inprocess: dict[str, Any] = {}
         server: dict[str, Any] = {}
         for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):
@@ -176,7 +179,7 @@ def bench_engines(
             inprocess[key] = _inprocess_vllm(python, workload, caching, env)
             say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
             say(f"vLLM server, {key}")
-            with _server(python, model, caching, env) as (url, start_s):
+            with _server(python, model, caching, env, overrides) as (url, start_s):
                 client = TokenizedOpenAIBackend(
                     "smollm2", tokenizer=load_tokenizer("smollm2"), base_url=url, max_concurrency=workload.n_prompts
                 )

@@ -146,3 +146,11 @@ def test_up_picks_the_engine_only_for_the_whole_stack_and_where_it_can_run(
     assert _auto_engine(only=False, without_engine=True) == "transformers"
     monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
     assert _auto_engine(only=False, without_engine=False) == "transformers"
+
+
+def test_the_benchs_dtype_wins_over_the_cpu_default_and_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PRMLOOP_VLLM_OPTIONS", '{"dtype": "float16"}')
+    argv = engine_command(Path("p"), tmp_path, 1, gpu=False, overrides={"dtype": "bfloat16"})
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
