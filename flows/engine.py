@@ -9,7 +9,8 @@ so one engine batches the sampler's, scorer's, annotator's, judge's and prioriti
 
 Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTURE.md's traps):
 
-- ``--dtype float32``: ``auto`` picks bfloat16, which falls back to slow kernels on an AVX2 CPU.
+- ``--dtype float32``: ``auto`` picks bfloat16, which falls back to slow kernels on an AVX2 CPU (on one
+  with AVX512_BF16 it is faster: ``PRMLOOP_VLLM_OPTIONS='{"dtype": "bfloat16"}'``, README's figures).
 - ``--distributed-executor-backend uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the model runs in the
   engine's process, not in a worker of its own that the engine process waits on spinning; that spinning
   took about a third of the tokens/s on two cores (``cpu_executor`` in models/backends/vllm_backend.py).
