@@ -132,8 +132,8 @@ def bench_engines(
         quick: 4 questions and 32-token completions instead of 8 and 96.
         threads: CPU threads of every engine (default: the cores, at most 2).
         seed: the sampling seed of every run.
-        dtype: every engine's dtype (default: float32 on a CPU, bfloat16 on a GPU); vLLM gets it through
-            ``$PRMLOOP_VLLM_OPTIONS``.
+        dtype: every engine's dtype (default: float32 on a CPU, bfloat16 on a GPU); vLLM in process gets
+            it through ``$PRMLOOP_VLLM_OPTIONS``, the server as its ``--dtype`` flag.
         say: progress lines.
     """
     from prmloop.models.backends.openai_backend import TokenizedOpenAIBackend, load_tokenizer
