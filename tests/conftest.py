@@ -8,7 +8,10 @@ registers it as the engine ``tiny-random`` so code that builds its backend from 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +32,13 @@ if TYPE_CHECKING:
     from prmloop.store.lake import LakeStore
 
 TINY_BACKEND = "tiny-random"
+
+# The suite never writes to the user's own state (~/.prmloop or an exported PRMLOOP_HOME: their outbox,
+# which their stack would replay, their services' records): every process it starts that is given no
+# home of its own gets this session's, removed at the end.
+_SESSION_HOME = tempfile.mkdtemp(prefix="prmloop-tests-home-")
+os.environ["PRMLOOP_HOME"] = _SESSION_HOME
+atexit.register(shutil.rmtree, _SESSION_HOME, ignore_errors=True)
 
 # Run inside .venv-vllm by tests/models/test_vllm_engine.py: this environment has no vLLM.
 collect_ignore = ["vllm_env"]
