@@ -149,9 +149,7 @@ def test_teacher_forced_scoring_does_not_cost_rollouts_their_prefix_cache(
     assert _cached_tokens(url, rollouts) == warm
 
 
-def test_sample_score_and_annotate_through_the_engine(
-    engine: tuple[str, StateSettings], topic_reader: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSettings], topic_reader: Any) -> None:
     from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
     from prmloop.consumers.scorer import ScorerSettings, run_scorer
     from prmloop.flows.sample import run_sample
@@ -161,7 +159,6 @@ def test_sample_score_and_annotate_through_the_engine(
     from prmloop.store.kafka import ensure_topics
 
     url = engine[0]
-    monkeypatch.setenv("PRMLOOP_HOME", str(engine[1].home))  # the sampler's outbox: not the user's ~/.prmloop
     served = {"backend": "openai", "model": "smollm2", "base_url": url}
     with EmbeddedBroker() as broker:
         servers = broker.bootstrap_servers
