@@ -352,30 +352,29 @@ class Annotator:
             todo = [c for c in todo if c not in costly]
         todo = labelling_order(todo)
         self.stats.started()
-        if self.max_in_flight == 1 or len(todo) <= 1:
-            results = [self._one(c) for c in todo]
-        else:
-            results = list(self._pool.map(self._one, todo))
-        out: list[Envelope] = []
-        rejected: list[tuple[ConsumedEvent, str]] = []
-        failed: list[str] = []
-        for consumed, (kind, value) in zip(todo, results, strict=True):
-            if kind == "event":
-                assert isinstance(value, Envelope)
-                out.append(value)
-            elif kind == "reject":
-                rejected.append((consumed, str(value)))
-            elif kind == "abort":
-                failed.append(str(value))
-        # Publish what succeeded before failing the batch: a retry re-publishes the same ids (no harm).
+        # Labels that cost no rollout are published at once: consensus need not wait for the batch's rollouts.
+        free = [c for c in todo if _free(c.event.payload)]
+        rejected = self._settle(free, [self._one(c) for c in free])
+        costly = todo[len(free) :]  # labelling_order puts the free ones first
+        if self.max_in_flight == 1 or len(costly) <= 1:
+            return rejected + self._settle(costly, [self._one(c) for c in costly])
+        return rejected + self._settle(costly, list(self._pool.map(self._one, costly)))
+
+    def _settle(
+        self, todo: list[ConsumedEvent], results: list[tuple[str, Envelope | str | None]]
+    ) -> list[tuple[ConsumedEvent, str]]:
+        """Publish what succeeded (before failing the batch: a retry re-publishes the same ids, no harm),
+        return the rejected, and raise :class:`TransientError` when the completer kept failing (an engine
+        outage may pass; the runtime retries the batch with backoff)."""
+        out = [v for kind, v in results if kind == "event" and isinstance(v, Envelope)]
+        rejected = [(c, str(v)) for c, (kind, v) in zip(todo, results, strict=True) if kind == "reject"]
         if out:
             self.publish(out)
             self.stats.count("published", len(out))
             self.stats.last_published = time.time()
         self.stats.count("rejected", len(rejected))
+        failed = [str(v) for kind, v in results if kind == "abort"]
         if failed:
-            # The completer kept failing: an engine outage may pass, so the runtime retries the batch
-            # with backoff (a RuntimeError would be taken for poison and dead-letter the solution).
             raise TransientError("; ".join(failed))
         return rejected
 

@@ -5,7 +5,8 @@ and standard deviation over its heads, :mod:`prmloop.models.prm.ensemble_prm`); 
 step through the first predicted error is confident (the heads agree, ``σ < σ_max``, and the mean is
 extreme, ``μ ≥ δ`` or ``μ ≤ 1 - δ``) is *skipped*: its rollouts and judging would teach the PRM little.
 The others are sent on to be labelled, most uncertain first. With no promoted ensemble yet, every
-solution is labelled.
+solution is labelled, and so is every correct solution (``label_correct``, the default): MC labels it
+without a rollout, so skipping it would save nothing.
 
 Each decision is a ``SolutionSelected`` event with the PRM, the thresholds, the per-step means and
 standard deviations and the verdict in words, so SQL answers "what did the PRM skip, and why"
@@ -71,6 +72,10 @@ class SelectorSettings(BaseSettings):
     std_max: float = Field(default=0.05, gt=0.0, description="heads whose std is below this agree")
     refresh_s: float = Field(default=30.0, gt=0, description="seconds between looks for a newly promoted PRM")
     threads: int | None = Field(default=None, ge=1, description="torch CPU threads for the PRM's backbone")
+    label_correct: bool = Field(
+        default=True,
+        description="label every correct solution without asking the PRM: MC labels it with no rollout",
+    )
     group: str = Field(default=SELECTOR_GROUP, description="consumer group; processes in one group share partitions")
     topic: str = Field(default=StepsScored.TOPIC, description="read scored solutions from this topic")
     max_batch: int = Field(default=32, ge=1, description="solutions per batch")
@@ -205,11 +210,20 @@ def decide_all(
         ]
     ref, prm = current
     thresholds = settings.thresholds(prm.threshold)
-    stats = prm.step_stats([s.problem or "" for s in scored], [list(s.steps) for s in scored])
-    return [
-        selection_event(s, decide(st, thresholds), st, prm=ref, thresholds=thresholds, causation_id=c)
-        for s, st, c in zip(scored, stats, causes, strict=True)
-    ]
+    free = [settings.label_correct and s.correct is True for s in scored]
+    asked = [s for s, f in zip(scored, free, strict=True) if not f]
+    stats = iter(prm.step_stats([s.problem or "" for s in asked], [list(s.steps) for s in asked]) if asked else [])
+    correct = Decision(True, math.inf, 0, None, "correct: labelled without rollouts, whatever the PRM says")
+    events = []
+    for s, f, c in zip(scored, free, causes, strict=True):
+        if f:
+            events.append(selection_event(s, correct, None, prm=ref, thresholds=thresholds, causation_id=c))
+        else:
+            st = next(stats)
+            events.append(
+                selection_event(s, decide(st, thresholds), st, prm=ref, thresholds=thresholds, causation_id=c)
+            )
+    return events
 
 
 def run_selector(

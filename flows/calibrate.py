@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -20,6 +21,8 @@ from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluat
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
 from prmloop.models.aggregation.selection import CALIBRATED_METHODS
 from prmloop.store.events import CalibrationFitted
+
+log = logging.getLogger(__name__)
 
 
 @task(name="load-scored-pool")
@@ -165,3 +168,22 @@ def calibrate(
     result["artifacts"] = keys
     result["table_markdown"] = ev.markdown()
     return result
+
+
+def calibrate_and_publish(home: Path, bootstrap_servers: str, *, say: Any = log.info) -> bool:
+    """Fit the aggregation calibration on the shared GSM8K Best-of-N pool (a published PRM's scores)
+    and publish its ``CalibrationFitted``: the loop's calibration on its schedule. False when the
+    pool is missing (``../shared`` must sit beside the clone), said once through ``say``."""
+    from prmloop.models.questions import data_dir
+    from prmloop.store.events import make_event
+    from prmloop.store.kafka import EventProducer
+
+    pool = data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
+    if not pool.is_file():
+        say(f"calibrate: skipped: {pool} not found (../shared must sit beside the clone)")
+        return False
+    result = calibrate(str(pool), subsamples=10, splits=2, out_dir=str(home / "calibration"))
+    payload = CalibrationFitted.model_validate(result["event_payload"])
+    with EventProducer(bootstrap_servers) as producer:
+        producer.publish([make_event(payload, producer="prmloop-calibrate/0.3.0")])
+    return True

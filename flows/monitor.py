@@ -19,9 +19,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from prmloop.store.metrics import loop_metrics
 
-__all__ = ["ARTIFACT_KEYS", "monitor", "summary_markdown"]
+__all__ = ["ARTIFACT_KEYS", "CURVE_KEY", "monitor", "publish_curve", "summary_markdown"]
 
 ARTIFACT_KEYS = ("loop-per-hour", "loop-summary", "loop-learning")
+#: The streaming loop's learning curve as a picture (``prmloop run`` and the demo publish it).
+CURVE_KEY = "loop-learning-curve"
 
 
 def _plot(per_hour: list[dict[str, Any]]) -> str:
@@ -51,8 +53,18 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _in_force(metrics: dict[str, Any]) -> str:
+    """The PRMs in force, whatever their kind: the LoRA PRM and the ensemble PRM the selector uses."""
+    lines = []
+    for key, kind in (("current_prm", "LoRA PRM"), ("current_prm_ensemble", "ensemble PRM")):
+        prm = metrics.get(key)
+        if prm:
+            f1 = (prm.get("metrics") or {}).get("heldout_f1")
+            lines.append(f"{kind} {prm['model_id']}" + (f" (held-out F1 {f1:.3f})" if isinstance(f1, float) else ""))
+    return "; ".join(lines) if lines else "none yet"
+
+
 def summary_markdown(metrics: dict[str, Any]) -> str:
-    prm = metrics["current_prm"]
     calibration = metrics["calibration"]
     lines = [
         "## prmloop: the loop",
@@ -62,9 +74,7 @@ def summary_markdown(metrics: dict[str, Any]) -> str:
         f"(acceptance rate {_fmt(metrics['acceptance_rate'], '.1%')})",
         "- generated tokens per accepted label (annotation + judging): "
         + _fmt(metrics["tokens_per_accepted_label"], ",.0f"),
-        f"- current PRM: {prm['model_id']} ({prm['base_model']}), metrics {prm['metrics']}"
-        if prm
-        else "- current PRM: none yet",
+        f"- PRM in force: {_in_force(metrics)}",
         f"- calibration: {calibration['calibration_id']} ({calibration['prm']}, {calibration['score_rule']})"
         if calibration
         else "- calibration: none yet",
@@ -89,6 +99,26 @@ def learning_table(learning: list[dict[str, Any]]) -> list[str]:
             f"| {r['skipped']} | {_fmt(r['heldout_f1'], '.3f')} | {'yes' if r['promoted'] else 'no'} |"
         )
     return rows
+
+
+def publish_curve(png: Any, figures: dict[str, Any]) -> None:
+    """The learning curve's PNG as the markdown artifact :data:`CURVE_KEY`, with the run's figures."""
+    from pathlib import Path
+
+    data = base64.b64encode(Path(png).read_bytes()).decode()
+    points = ", ".join(f"{f1:.3f} at {at / 60:.1f} min" for at, f1 in figures.get("f1_curve", []))
+    markdown = "\n".join(
+        [
+            "## the loop learning",
+            "",
+            f"- accepted labels: {figures.get('accepted_labels')} ({figures.get('accepted_per_minute')} per minute)",
+            f"- engine busy after warm-up: {figures.get('engine_busy_fraction')}",
+            f"- held-out F1 per retrain: {points or 'none'}",
+            "",
+            f"![learning curve](data:image/png;base64,{data})",
+        ]
+    )
+    create_markdown_artifact(key=CURVE_KEY, markdown=markdown, description="held-out F1 after each retrain")
 
 
 @task(name="loop-metrics")

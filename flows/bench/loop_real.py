@@ -1,101 +1,217 @@
-"""``prmloop bench loop --real``: the two arms briefly on a real model (the embedded SmolLM2 by default).
+"""``prmloop bench loop --real``: the streaming loop against the round-based one, on the same engine,
+model and wall-clock budget, and the prioritizer against a random question order where it runs.
 
-The pool mixes arithmetic-curriculum levels (so questions differ in difficulty). The prioritized arm
-probes ``questions`` questions with ``probe_k`` samples each (:func:`~prmloop.producers.prioritize.prioritize_question`,
-the code ``prmloop prioritize`` runs), takes the ``take`` highest and samples ``k - probe_k`` more
-solutions of each (the probe's count among its ``k``); the random arm samples ``k`` solutions of ``take``
-random questions. Reported per arm, per thousand generated tokens: incorrect solutions, and
-*labelable* incorrect solutions, those of a question where at least one of its solutions was right (an
-annotator's rollouts from ``s_0`` can then reach the answer: MC(s_0) > 0). No annotation, judging or
-training runs here: that would take hours on a CPU.
+Three arms, one after the other, each in a home of its own (its own broker, sink, store and services,
+as ``prmloop up`` starts them), sharing one vLLM engine (where ``make vllm`` made it ready; else
+transformers in each service) and one Prefect server:
+
+- ``streaming``: ``prmloop run`` (:mod:`prmloop.flows.loop`), questions prioritized;
+- ``random_order``: the same loop with questions sampled in the order they come (no probe);
+- ``rounds``: the round-based loop (:mod:`prmloop.flows.bench.rounds_arm`).
+
+Each arm reports accepted labels, per minute and per thousand generated tokens, the engine's busy
+fraction from its own gauge, the held-out F1 after each retrain with its time, and its final F1 next
+to the F1 of an ensemble trained on the *exact* labels (the curriculum's checker) of the same
+solutions. Top level: ``streaming_to_rounds_ratio`` (accepted labels per minute),
+``priority_to_random_ratio`` (accepted labels per 1k tokens) and both orders' F1 at equal tokens.
 """
 
 from __future__ import annotations
 
-import random
+import contextlib
+import os
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from prmloop.models.backends.registry import EngineSettings, build_backend
-from prmloop.producers.arith import arith_questions
-from prmloop.producers.prioritize import PrioritizeSettings, prioritize_question
-from prmloop.producers.sampler import SampleSettings, sample_question
-from prmloop.store.events import ModelRef
+from prmloop.store.settings import StateSettings
 
-__all__ = ["bench_loop_real"]
+__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens"]
+
+ARMS = ("streaming", "rounds", "random_order")
 
 
-def _arm_counts(correct_by_question: list[list[bool | None]], tokens: int) -> dict[str, Any]:
-    incorrect = sum(c is False for cs in correct_by_question for c in cs)
-    labelable = sum(sum(c is False for c in cs) for cs in correct_by_question if any(c is True for c in cs))
-    per_k = 1000.0 / tokens if tokens else 0.0
+@contextlib.contextmanager
+def _environment() -> Iterator[None]:
+    """Each arm sets variables for its services; the next arm starts from the same environment."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def f1_at_tokens(curve: list[dict[str, Any]], tokens: int) -> float | None:
+    """The held-out F1 of the newest retrain that started within ``tokens`` generated tokens."""
+    within = [r for r in curve if r.get("f1") is not None and r.get("tokens", 0) <= tokens]
+    return within[-1]["f1"] if within else None
+
+
+def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | None = None) -> dict[str, Any]:
+    """An ensemble trained on the curriculum checker's exact labels of the arm's accepted solutions (the
+    ones the checker decides), scored on the same held-out set: what the loop's labels could have been."""
+    from prmloop.flows.bench.active import held_out_f1
+    from prmloop.flows.retrain_ensemble import eval_items
+    from prmloop.models.arith.checker import check_steps
+    from prmloop.models.arith.verifier import chain_of
+    from prmloop.models.prm.data import PRMExample
+    from prmloop.models.prm.ensemble import EnsembleConfig
+    from prmloop.models.prm.ensemble_prm import train_ensemble_prm
+    from prmloop.store.snapshot import select_labels
+
+    rows = select_labels(db, kind="accepted")
+    examples, agree = [], 0
+    for row in rows:
+        chain = chain_of(row.question_id)
+        if chain is None:
+            continue
+        check = check_steps(chain, row.completions)
+        if not check.exact:
+            continue
+        first = check.first_error_step
+        labels = tuple(first is None or i < first for i in range(len(row.completions)))
+        agree += labels == tuple(row.labels)
+        examples.append(PRMExample(row.prompt, row.completions, labels))
+    if not examples:
+        return {"solutions": 0, "f1": None, "agreement": None}
+    features_dir = StateSettings().features_dir
+    prm, _ = train_ensemble_prm(examples, config=EnsembleConfig(threads=1), cache_dir=features_dir, threads=threads)
+    held = eval_items(eval_set, limit=eval_questions, threads=threads)
+    features = dict(
+        zip([i.key for i in held], prm.features([i.problem for i in held], [list(i.steps) for i in held]), strict=True)
+    )
     return {
-        "questions": len(correct_by_question),
-        "solutions": sum(len(cs) for cs in correct_by_question),
-        "correct": sum(c is True for cs in correct_by_question for c in cs),
-        "incorrect": incorrect,
-        "labelable_incorrect": labelable,
-        "tokens": tokens,
-        "incorrect_per_1k_tokens": incorrect * per_k,
-        "labelable_per_1k_tokens": labelable * per_k,
+        "solutions": len(examples),
+        "f1": round(held_out_f1(prm, held, features), 4),
+        "agreement": round(agree / len(examples), 3),
     }
+
+
+def _streaming_arm(
+    order: str,
+    home: Path,
+    budget_s: float,
+    *,
+    engine_url: str | None,
+    quick: bool,
+    levels: str,
+    seed: int,
+    say: Any,
+) -> dict[str, Any]:
+    from prmloop.flows.loop import LOOP_SERVICES, Loop, LoopSettings
+
+    settings = LoopSettings(
+        minutes=budget_s / 60.0,
+        order=order,
+        levels=levels,
+        seed=seed,
+        engine="vllm" if engine_url else "transformers",
+        retrain_every=4 if quick else 10,
+        retrain_seconds=15.0 if quick else 60.0,
+        min_labels=3 if quick else 6,
+        calibrate_minutes=None,
+    )
+    services = tuple(s for s in LOOP_SERVICES if s not in ("prefect", "deployments"))
+    loop = Loop(settings, home=home, say=say, services=services, engine_url=engine_url)
+    try:
+        loop.start()
+        loop.run()
+    finally:
+        loop.stop(keep=frozenset())
+    result = loop.result()
+    result.pop("rss_mib", None)
+    return result
 
 
 def bench_loop_real(
     *,
-    questions: int = 8,
-    take: int = 3,
-    k: int = 4,
-    probe_k: int = 2,
-    levels: tuple[int, ...] = (1, 2),
-    max_new_tokens: int = 160,
+    minutes: float = 5.0,
+    quick: bool = False,
+    arms: tuple[str, ...] = ARMS,
+    levels: str = "1,2",
     seed: int = 0,
     threads: int | None = None,
-    engine: EngineSettings | None = None,
+    root: Path | None = None,
+    say: Any = print,
 ) -> dict[str, Any]:
-    started = time.perf_counter()
-    engine = engine or EngineSettings(threads=threads)
-    generator = build_backend(engine.backend_config())
-    model = ModelRef(backend=engine.backend, name=generator.model_name)
-    per_level = -(-questions // len(levels))
-    pool = [q for level in levels for q in arith_questions(per_level, level=level, seed=seed)][:questions]
-    common = {
-        "backend": engine.backend,
-        "model": engine.model,
-        "threads": engine.threads,
-        "max_new_tokens": max_new_tokens,
-    }
-    probe_settings = PrioritizeSettings(k=probe_k, seed=seed, publish_probes=True, prefect=False, **common)
-    probed = [prioritize_question(generator, model, q, probe_settings) for q in pool]
-    probe_tokens = sum(p.probe.tokens for p in probed)
-    top = sorted(probed, key=lambda p: (-p.priority, p.question.id))[:take]
-    rest = SampleSettings(k=k - probe_k, m=0, n=0, publish_unselected=True, seed=seed + 1, prefect=False, **common)
-    prioritized, tokens = [], probe_tokens
-    for p in top:
-        more = sample_question(generator, model, p.question, rest)
-        prioritized.append(list(p.probe.correct) + list(more.correct))
-        tokens += more.completion_tokens
-    chosen = random.Random(seed).sample(pool, take)
-    full = SampleSettings(k=k, m=0, n=0, publish_unselected=True, seed=seed + 2, prefect=False, **common)
-    randomly, random_tokens = [], 0
-    for q in chosen:
-        sampled = sample_question(generator, model, q, full)
-        randomly.append(list(sampled.correct))
-        random_tokens += sampled.completion_tokens
-    arms = {"prioritized": _arm_counts(prioritized, tokens), "random": _arm_counts(randomly, random_tokens)}
-    p, r = arms["prioritized"], arms["random"]
-    return {
-        "bench": "loop",
-        "mode": "real",
-        "model": model.name,
-        "pool": {"questions": len(pool), "levels": list(levels), "take": take, "k": k, "probe_k": probe_k},
-        "arms": arms,
-        "probe_tokens": probe_tokens,
-        "labelable_ratio": (p["labelable_per_1k_tokens"] / r["labelable_per_1k_tokens"])
-        if r["labelable_per_1k_tokens"]
-        else None,
-        "incorrect_ratio": (p["incorrect_per_1k_tokens"] / r["incorrect_per_1k_tokens"])
-        if r["incorrect_per_1k_tokens"]
-        else None,
-        "wall_s": time.perf_counter() - started,
-    }
+    """Run the ``arms`` for ``minutes`` each (``quick``: one minute each, retraining every 15 s)."""
+    from prmloop.flows.bench.rounds_arm import run_rounds_arm
+    from prmloop.flows.engine import engine_unavailable
+    from prmloop.flows.retrain_ensemble import eval_items
+    from prmloop.flows.stack import down, prefect_api_url, read_state, up
+
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    budget_s = 60.0 if quick else 60.0 * minutes
+    started = time.monotonic()
+    root = root or StateSettings().home / "bench" / "loop" / time.strftime("%Y%m%d-%H%M%S")
+    shared = StateSettings(home=root)
+    out: dict[str, Any] = {"budget_s": budget_s, "quick": quick, "levels": levels}
+    with _environment():
+        os.environ["PRMLOOP_HOME"] = str(root)
+        reason = engine_unavailable()
+        services = ["prefect"] + (["engine"] if reason is None else [])
+        up(services, state=shared, say=say)
+        record = read_state(shared, "engine")
+        engine_url = record.url if record is not None and record.alive else None
+        out["engine"] = "vllm" if engine_url else f"transformers ({reason})"
+        url = prefect_api_url(shared)
+        if url:
+            os.environ["PREFECT_API_URL"] = url
+        say("held-out set: building or reading the cache")
+        heldout = eval_items("arith", limit=8, threads=threads)
+        out["heldout_solutions"] = len(heldout)
+        try:
+            for arm in arms:
+                home = root / arm
+                (home / "bench").mkdir(parents=True, exist_ok=True)
+                link = home / "bench" / "active"  # the held-out set's cache, made once for every arm
+                if not link.exists():
+                    link.symlink_to(root / "bench" / "active", target_is_directory=True)
+                say(f"arm {arm}: {budget_s:.0f} s")
+                with _environment():
+                    if arm == "rounds":
+                        result = run_rounds_arm(
+                            home=home,
+                            budget_s=budget_s,
+                            engine_url=engine_url,
+                            level=1,
+                            rounds=3,
+                            eval_set="arith",
+                            seed=seed,
+                            threads=threads,
+                            say=say,
+                        )
+                    else:
+                        order = "priority" if arm == "streaming" else "random"
+                        result = _streaming_arm(
+                            order, home, budget_s, engine_url=engine_url, quick=quick, levels=levels, seed=seed, say=say
+                        )
+                    os.environ["PRMLOOP_HOME"] = str(home)
+                    result["final_f1"] = result["f1_curve"][-1][1] if result["f1_curve"] else None
+                    result["exact_labels"] = exact_label_f1(StateSettings().db_path, "arith", 8, threads)
+                out[arm] = result
+        finally:
+            down(state=shared, say=say)
+    _ratios(out)
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def _ratios(out: dict[str, Any]) -> None:
+    streaming, rounds, rand = out.get("streaming"), out.get("rounds"), out.get("random_order")
+    if streaming and rounds:
+        base = rounds["accepted_per_minute"]
+        out["streaming_to_rounds_ratio"] = round(streaming["accepted_per_minute"] / base, 3) if base else None
+    if streaming and rand:
+        base = rand["accepted_per_1k_tokens"]
+        out["priority_to_random_ratio"] = round(streaming["accepted_per_1k_tokens"] / base, 3) if base else None
+        tokens = min(streaming["generated_tokens"], rand["generated_tokens"])
+        out["f1_at_equal_tokens"] = {
+            "tokens": tokens,
+            "streaming": f1_at_tokens(streaming["retrains"], tokens),
+            "random_order": f1_at_tokens(rand["retrains"], tokens),
+        }

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import bench_app
+from prmloop.flows.cli.app import bench_app, err
 
 
 @bench_app.command("sink")
@@ -130,24 +130,40 @@ def bench_loop_cmd(
     judge_accuracy: Annotated[float, typer.Option(help="probability the judge agrees with a label")] = 0.75,
     oversample: Annotated[int, typer.Option(help="questions probed per question taken (prioritized arm)")] = 2,
     repeats: Annotated[int, typer.Option(help="simulated pools; ratios are averaged over them")] = 5,
-    real: Annotated[bool, typer.Option(help="briefly on the embedded model instead (arith levels 1-2)")] = False,
-    take: Annotated[int, typer.Option(help="--real: questions each arm samples")] = 3,
-    threads: Annotated[int | None, typer.Option(help="--real: torch CPU threads")] = None,
+    real: Annotated[
+        bool,
+        typer.Option(help="run the real loops instead: streaming, rounds and random order on the embedded model"),
+    ] = False,
+    minutes: Annotated[float, typer.Option(help="--real: wall-clock minutes per arm")] = 5.0,
+    quick: Annotated[bool, typer.Option(help="--real: one minute per arm, a retrain every 15 s")] = False,
+    arms: Annotated[str, typer.Option(help="--real: which arms, comma-separated")] = "streaming,rounds,random_order",
+    levels: Annotated[str, typer.Option(help="--real: arith curriculum levels, e.g. 1,2")] = "1,2",
+    threads: Annotated[int | None, typer.Option(help="--real: torch CPU threads of in-process models")] = None,
     seed: int = 0,
 ) -> None:
-    """Does prioritizing pay? Prioritized vs random question order on the same pool and token budget."""
+    """Simulated (default): prioritized vs random question order on one pool and token budget. --real: the
+    streaming loop, the round-based loop and the streaming loop in random question order, one after the
+    other on one engine for the same wall-clock time (progress on stderr, one JSON line on stdout)."""
     from prmloop.flows.bench.loop import LoopBenchSettings, bench_loop
 
     if real:
-        from prmloop.flows.bench.loop_real import bench_loop_real
+        from prmloop.flows.bench.loop_real import ARMS, bench_loop_real
 
-        if questions > 40:
-            raise typer.BadParameter("--real probes every question with the model: give --questions 40 or fewer")
-        typer.echo(
-            json.dumps(
-                bench_loop_real(questions=questions, take=take, k=k, probe_k=probe_k, seed=seed, threads=threads)
-            )
+        chosen = tuple(a.strip() for a in arms.split(",") if a.strip())
+        if not chosen or any(a not in ARMS for a in chosen):
+            raise typer.BadParameter(f"--arms must name some of {', '.join(ARMS)}, not {arms!r}")
+        if minutes <= 0:
+            raise typer.BadParameter(f"--minutes must be positive, not {minutes:g}")
+        result = bench_loop_real(
+            minutes=minutes,
+            quick=quick,
+            arms=chosen,
+            levels=levels,
+            seed=seed,
+            threads=threads,
+            say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
         )
+        typer.echo(json.dumps(result, default=str))
         return
 
     settings = LoopBenchSettings(

@@ -250,13 +250,12 @@ def serve(
 @app.command()
 def demo(
     *,
-    minutes: Annotated[float, typer.Option(help="time budget; sizes come from a speed probe of this machine")] = 15.0,
+    minutes: Annotated[float, typer.Option(help="time budget, start-up and summary included")] = 15.0,
     home: Annotated[
         Path | None, typer.Option(help="state folder (default $PRMLOOP_HOME, where every command looks)")
     ] = None,
-    rounds: Annotated[int, typer.Option(help="rounds of the loop (sample ... retrain), at least 1")] = 3,
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads per model (default: torch's)")] = None,
-    level: Annotated[int, typer.Option(help="arithmetic curriculum level 1-5")] = 1,
+    threads: Annotated[int | None, typer.Option(help="torch CPU threads of in-process models")] = None,
+    levels: Annotated[str, typer.Option(help="arithmetic curriculum levels the loop samples, e.g. 1,2")] = "1,2",
     judge: Annotated[
         str, typer.Option(help="exact (the curriculum's step checker), critic or stepwise (the LLM judge)")
     ] = "exact",
@@ -265,37 +264,31 @@ def demo(
         str,
         typer.Option(
             help="auto: the machine's vLLM engine where `make vllm` made it ready (started for the demo, or the "
-            "one `prmloop up` runs), else transformers in process; vllm; transformers"
+            "one `prmloop up` runs), else transformers in each service; vllm; transformers"
         ),
     ] = "auto",
 ) -> None:
-    """The loop on the embedded defaults within a time budget: prioritize, then rounds of sample, score,
-    select, annotate, judge, consensus and retrain (the ensemble PRM's held-out F1 per round), calibrate;
-    ends with the learning curve, where the Prefect UI is and commands to try. Stage lines on the
-    terminal; everything else in $PRMLOOP_HOME/logs/demo.log."""
-    from prmloop.flows.demo import DemoSettings, run_demo
+    """The streaming loop (`prmloop run`) for a time budget on the embedded defaults: every service at once
+    on one engine, the ensemble PRM retrained as accepted labels arrive; a live view, then the learning
+    curve, the figures, queries and commands to try. Library output goes to $PRMLOOP_HOME/logs/demo.log."""
+    from prmloop.flows.demo import DemoError, DemoSettings, run_demo
 
     if judge not in ("exact", "critic", "stepwise"):
         raise typer.BadParameter(f"--judge must be exact, critic or stepwise, not {judge!r}")
-    if rounds < 1:
-        raise typer.BadParameter(f"--rounds must be at least 1, not {rounds}")
     if minutes <= 0:
         raise typer.BadParameter(f"--minutes must be positive, not {minutes:g}")
     if engine not in ("auto", "transformers", "vllm"):
         raise typer.BadParameter(f"--engine must be auto, transformers or vllm, not {engine!r}")
-    from prmloop.flows.demo import DemoError
-
+    try:
+        parsed = tuple(int(v) for v in levels.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"--levels must be curriculum levels 1-5 such as 1,2, not {levels!r}") from None
+    if not parsed or any(not 1 <= v <= 5 for v in parsed):
+        raise typer.BadParameter(f"--levels must be curriculum levels 1-5 such as 1,2, not {levels!r}")
     try:
         run_demo(
             DemoSettings(
-                home=home,
-                minutes=minutes,
-                threads=threads,
-                level=level,
-                seed=seed,
-                judge=judge,
-                rounds=rounds,
-                engine=engine,
+                home=home, minutes=minutes, threads=threads, levels=parsed, seed=seed, judge=judge, engine=engine
             )
         )
     except DemoError as exc:

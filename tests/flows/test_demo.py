@@ -1,5 +1,6 @@
-"""The demo's plan per round, its learning curve from the store, and the commands it ends with, run as
-printed in a shell that has only the PATH `make demo` leaves (no activated virtual environment)."""
+"""The round-based arm's plan per round, the learning curve from the store, the loop's engine choice, and
+the commands the demo ends with, run as printed in a shell that has only the PATH `make demo` leaves
+(no activated virtual environment)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.bench.rounds import FINAL_RESERVE_S, ROUND_OVERHEAD_S, plan_round
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.demo import command_prefix, next_commands
-from prmloop.flows.demo_stages import FINAL_RESERVE_S, ROUND_OVERHEAD_S, plan_round
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore
 from prmloop.store.events import ModelRef
@@ -103,21 +104,18 @@ def test_the_prefix_is_plain_prmloop_only_when_the_shell_finds_this_one(tmp_path
         assert prefix.endswith("bin/prmloop") and "PRMLOOP_HOME" not in prefix
 
 
-def test_the_demo_runs_on_transformers_where_the_engine_is_not_ready_and_says_why(
+def test_the_loop_runs_on_transformers_where_the_engine_is_not_ready_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prmloop.flows.demo import DemoError, _open_engine
+    from prmloop.flows.loop import Loop, LoopError, LoopSettings
 
     monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
-    monkeypatch.delenv("PRMLOOP_SAMPLE_BACKEND", raising=False)
-    said: list[tuple[str, str]] = []
-    engine = _open_engine("auto", tmp_path, lambda stage, line: said.append((stage, line)))
-    assert engine.url is None and not engine.started and "PRMLOOP_SAMPLE_BACKEND" not in os.environ
-    assert said and said[0][0] == "engine" and "nowhere" in said[0][1] and "transformers" in said[0][1]
-    assert "transformers" in engine.describe(57.0, "")
-    with pytest.raises(DemoError, match=r"^--engine vllm: .*nowhere.*--engine transformers$"):
-        _open_engine("vllm", tmp_path, lambda stage, line: None)
-    assert _open_engine("transformers", tmp_path, lambda stage, line: said.append((stage, line))).url is None
+    said: list[str] = []
+    assert not Loop(LoopSettings(engine="auto"), home=tmp_path, say=said.append).start_engine()
+    assert len(said) == 1 and "nowhere" in said[0] and "transformers" in said[0]
+    with pytest.raises(LoopError, match=r"^--engine vllm: .*nowhere.*--engine transformers$"):
+        Loop(LoopSettings(engine="vllm"), home=tmp_path).start_engine()
+    assert not Loop(LoopSettings(engine="transformers"), home=tmp_path, say=said.append).start_engine()
     assert len(said) == 1  # --engine transformers looks for no engine
 
 

@@ -201,33 +201,24 @@ def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSe
             assert [(c.backend, c.name) for c in label.completers] == [("openai", "smollm2")]
 
 
-def test_the_demo_uses_the_running_engine_and_leaves_it_running(
-    engine: tuple[str, StateSettings], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`prmloop demo` (--engine auto) with an engine `prmloop up` runs: its stages' settings point at it,
-    the probe measures it, and at the end the demo takes its settings back and leaves the engine up."""
-    from prmloop.flows.demo import _close_engine, _open_engine, _speed_probe
+def test_the_loop_uses_the_running_engine(engine: tuple[str, StateSettings], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prmloop run` (and the demo) with an engine `prmloop up` runs: no second engine, its feeds and
+    services are pointed at it (a setting the user exported wins), and the round arm's probe measures it."""
+    from prmloop.flows.bench.rounds_arm import speed_probe
+    from prmloop.flows.loop import Loop, LoopSettings
     from prmloop.producers.sampler import SampleSettings
 
     url, state = engine
     for key in ("PRMLOOP_SAMPLE_BACKEND", "PRMLOOP_SAMPLE_BASE_URL", "PRMLOOP_SAMPLE_MODEL"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("PRMLOOP_ANNOTATOR_BACKEND", "transformers")  # the user's own setting wins
-    said: list[str] = []
-    opened = _open_engine("auto", state.home, lambda stage, line: said.append(line))
-    try:
-        assert opened.url == url and not opened.started
-        sample = SampleSettings()
-        assert (sample.backend, sample.base_url, sample.model) == ("openai", url, "smollm2")
-        assert os.environ["PRMLOOP_ANNOTATOR_BACKEND"] == "transformers"
-        assert _speed_probe(None, opened.url) > 0
-        assert "vLLM (already running" in opened.describe(100.0, "")
-    finally:
-        _close_engine(opened, state.home, lambda stage, line: said.append(line))
-    assert "PRMLOOP_SAMPLE_BACKEND" not in os.environ
+    loop = Loop(LoopSettings(), home=state.home)
+    assert loop._engine_url() == url
+    loop._use_engine(url)
+    sample = SampleSettings()
+    assert (sample.backend, sample.base_url, sample.model) == ("openai", url, "smollm2")
     assert os.environ["PRMLOOP_ANNOTATOR_BACKEND"] == "transformers"
-    record = read_state(state, "engine")
-    assert record is not None and record.alive, "the demo stopped an engine it did not start"
+    assert speed_probe(None, url) > 0
 
 
 def test_status_shows_the_engine_and_its_load_and_down_stops_it(engine: tuple[str, StateSettings]) -> None:

@@ -57,19 +57,42 @@ def test_command_prints_one_json_line_with_both_arms() -> None:
     )
 
 
-def test_the_real_arms_on_a_tiny_model(tiny_backend_config: Any) -> None:
-    from prmloop.flows.bench.loop_real import bench_loop_real
-    from prmloop.models.backends.registry import EngineSettings
+def test_f1_at_equal_tokens_is_the_newest_retrain_within_the_budget() -> None:
+    from prmloop.flows.bench.loop_real import f1_at_tokens
 
-    engine = EngineSettings(backend=tiny_backend_config.backend, model=tiny_backend_config.model)
-    out = bench_loop_real(questions=4, take=2, k=3, probe_k=1, max_new_tokens=8, engine=engine)
-    p, r = out["arms"]["prioritized"], out["arms"]["random"]
-    assert p["questions"] == r["questions"] == 2
-    assert p["solutions"] == r["solutions"] == 6
-    assert p["tokens"] > out["probe_tokens"] > 0 and r["tokens"] > 0
-    assert p["labelable_incorrect"] <= p["incorrect"] and r["labelable_incorrect"] <= r["incorrect"]
+    curve = [
+        {"f1": 0.2, "tokens": 1_000},
+        {"f1": None, "tokens": 1_500},  # a retrain that trained nothing
+        {"f1": 0.4, "tokens": 3_000},
+        {"f1": 0.5, "tokens": 5_000},
+    ]
+    assert f1_at_tokens(curve, 4_000) == 0.4
+    assert f1_at_tokens(curve, 1_600) == 0.2
+    assert f1_at_tokens(curve, 999) is None
 
 
-def test_real_mode_refuses_a_large_pool() -> None:
-    out = CliRunner().invoke(app, ["bench", "loop", "--real", "--questions", "400"])
-    assert out.exit_code == 2 and "40 or fewer" in out.output
+def test_the_ratios_compare_per_minute_and_per_token() -> None:
+    from prmloop.flows.bench.loop_real import _ratios
+
+    out: dict[str, Any] = {
+        "streaming": {
+            "accepted_per_minute": 12.0,
+            "accepted_per_1k_tokens": 3.0,
+            "generated_tokens": 9_000,
+            "retrains": [{"f1": 0.3, "tokens": 2_000}, {"f1": 0.6, "tokens": 8_000}],
+        },
+        "rounds": {"accepted_per_minute": 2.0},
+        "random_order": {
+            "accepted_per_1k_tokens": 2.0,
+            "generated_tokens": 7_000,
+            "retrains": [{"f1": 0.25, "tokens": 6_500}],
+        },
+    }
+    _ratios(out)
+    assert out["streaming_to_rounds_ratio"] == 6.0 and out["priority_to_random_ratio"] == 1.5
+    assert out["f1_at_equal_tokens"] == {"tokens": 7_000, "streaming": 0.3, "random_order": 0.25}
+
+
+def test_real_mode_refuses_an_unknown_arm() -> None:
+    out = CliRunner().invoke(app, ["bench", "loop", "--real", "--arms", "streaming,batch"])
+    assert out.exit_code == 2 and "--arms must name some of streaming, rounds, random_order" in out.output

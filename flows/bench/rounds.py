@@ -1,5 +1,6 @@
-"""The stages of ``prmloop demo`` (orchestrated by :mod:`prmloop.flows.demo`), and the names both share:
-the settings, the plan of a round and how it is sized.
+"""The round-based loop: the demo's shape before the loop streamed, kept as the comparison arm of
+``prmloop bench loop --real`` (run by :mod:`prmloop.flows.bench.rounds_arm`): the settings, the plan
+of a round, how it is sized, and its stages.
 
 Each stage is a real run of a service or flow on the demo's broker and store. A round is the loop
 once: **prioritize** new questions (two probes each) and **sample** the top of the queue, **score**
@@ -128,12 +129,13 @@ class Stages:
     left: Callable[[], float]
     in_flight: int = 1  # solutions the annotator keeps going at once
     eval_questions: int = 8
+    eval_set: str = EVAL_SET
 
     def heldout(self) -> int:
         """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
         from prmloop.flows.retrain_ensemble import EVAL_SEED, eval_items
 
-        items = eval_items(EVAL_SET, limit=self.eval_questions)
+        items = eval_items(self.eval_set, limit=self.eval_questions)
         errors = sum(i.first_error >= 0 for i in items)
         self.report(
             "held-out",
@@ -293,7 +295,7 @@ class Stages:
             db=str(self.db),
             kind="accepted",
             prm_kind="ensemble",
-            eval_set=EVAL_SET,
+            eval_set=self.eval_set,
             eval_limit=self.eval_questions,
             out_dir=str(self.home / "prm"),
             min_examples=1,

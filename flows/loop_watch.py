@@ -1,0 +1,306 @@
+"""What the streaming loop's driver watches while it runs: the events as they arrive, the engine's own
+metrics, and the memory of every process.
+
+- :class:`EventWatch` reads the loop's topics from their end at start (only this run's events), with
+  no consumer group (it commits nothing and slows no service), and keeps counts, generated tokens and
+  each stage's activity over time: the view's labels per minute, the retrainer's trigger (new accepted
+  labels) and the proof that the stages ran at once (:func:`overlap`).
+- :class:`EngineMeter` polls the vLLM engine's Prometheus ``/metrics`` every half second: the engine is
+  busy while ``vllm:num_requests_running`` is above zero; the busy fraction is busy samples over all
+  samples, from the engine's own gauge rather than the loop's idea of what it sent.
+- :func:`rss_mib` reads a process's resident memory (with its children) from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prmloop.store.codec import decode_stored_form
+from prmloop.store.events import (
+    LabelsAccepted,
+    LabelsRejected,
+    ModelRegistered,
+    SolutionSampled,
+    SolutionSelected,
+    StepsJudged,
+    StepsLabeled,
+    StepsScored,
+)
+from prmloop.store.settings import KafkaSettings
+
+__all__ = ["STAGE_OF", "EngineMeter", "EventWatch", "overlap", "rss_mib"]
+
+log = logging.getLogger(__name__)
+
+#: The stage that produces each watched event type (the view and the overlap measure name stages).
+STAGE_OF: dict[str, str] = {
+    "SolutionSampled": "sample",
+    "StepsScored": "score",
+    "SolutionSelected": "select",
+    "StepsLabeled": "annotate",
+    "StepsJudged": "judge",
+    "LabelsAccepted": "consensus",
+    "LabelsRejected": "consensus",
+    "ModelRegistered": "retrain",
+}
+WATCHED_TOPICS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        t.TOPIC
+        for t in (
+            SolutionSampled,
+            StepsScored,
+            SolutionSelected,
+            StepsLabeled,
+            StepsJudged,
+            LabelsAccepted,
+            LabelsRejected,
+            ModelRegistered,
+        )
+    )
+)
+#: Seconds per bucket of the activity timeline.
+BUCKET_S = 5.0
+
+
+@dataclass
+class WatchTotals:
+    """What the loop produced since the watch started."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    sampled_tokens: int = 0
+    rollout_tokens: int = 0
+    correct_solutions: int = 0
+    accepted_errors: int = 0
+    accepted_at: list[float] = field(default_factory=list)
+    reject_reasons: Counter[str] = field(default_factory=Counter)
+    labels_by_method: Counter[str] = field(default_factory=Counter)
+    #: bucket index -> stages that produced an event in it
+    activity: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.sampled_tokens + self.rollout_tokens
+
+
+class EventWatch:
+    """Count the loop's events as they arrive (a thread; :meth:`snapshot` is safe from any other)."""
+
+    def __init__(
+        self, bootstrap_servers: str, *, kafka: KafkaSettings | None = None, topics: Sequence[str] = WATCHED_TOPICS
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka or KafkaSettings()
+        self.topics = tuple(topics)
+        self.started = time.monotonic()
+        self._totals = WatchTotals()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="event-watch", daemon=True)
+        self.error: str | None = None
+
+    def start(self, timeout_s: float = 30.0) -> EventWatch:
+        self._thread.start()
+        self._ready.wait(timeout_s)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def snapshot(self) -> WatchTotals:
+        with self._lock:
+            t = self._totals
+            return WatchTotals(
+                Counter(t.counts),
+                t.sampled_tokens,
+                t.rollout_tokens,
+                t.correct_solutions,
+                t.accepted_errors,
+                list(t.accepted_at),
+                Counter(t.reject_reasons),
+                Counter(t.labels_by_method),
+                defaultdict(set, {k: set(v) for k, v in t.activity.items()}),
+            )
+
+    def _run(self) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        try:
+            consumer = KafkaConsumer(**self.kafka.client_kwargs(self.bootstrap_servers), enable_auto_commit=False)
+            parts = [TopicPartition(t, p) for t in self.topics for p in sorted(consumer.partitions_for_topic(t) or ())]
+            consumer.assign(parts)
+            consumer.seek_to_end(*parts)
+            for tp in parts:
+                consumer.position(tp)  # resolve the end now: only events from here on are this run's
+        except Exception as exc:  # noqa: BLE001 - the view goes without counts; the loop still runs
+            self.error = f"the event watch could not start: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.error)
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                batches = consumer.poll(timeout_ms=500, max_records=500)
+                for records in batches.values():
+                    self._count(r.value for r in records)
+        except Exception as exc:  # noqa: BLE001
+            self.error = f"the event watch stopped: {type(exc).__name__}: {exc}"
+            log.warning("%s", self.error)
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
+    def _count(self, values: Iterable[bytes | None]) -> None:
+        now = time.monotonic() - self.started
+        bucket = int(now // BUCKET_S)
+        for value in values:
+            try:
+                event, _ = decode_stored_form(value or b"")
+            except Exception:  # noqa: BLE001 - a bad record is the dead-letter topics' business
+                continue
+            p = event.payload
+            with self._lock:
+                t = self._totals
+                t.counts[event.event_type] += 1
+                stage = STAGE_OF.get(event.event_type)
+                if stage:
+                    t.activity[bucket].add(stage)
+                if isinstance(p, SolutionSampled):
+                    t.sampled_tokens += int(p.completion_tokens)
+                    t.correct_solutions += p.correct is True
+                elif isinstance(p, StepsLabeled):
+                    t.rollout_tokens += int(p.cost.generated_tokens)
+                    t.labels_by_method[p.method] += 1
+                elif isinstance(p, LabelsAccepted):
+                    t.accepted_at.append(now)
+                    t.accepted_errors += p.first_error_step is not None
+                elif isinstance(p, LabelsRejected):
+                    t.reject_reasons[_reason_kind(p.reason)] += 1
+
+
+def _reason_kind(reason: str | None) -> str:
+    """A rejection reason without its step numbers, to count alike reasons together."""
+    if not reason:
+        return "unknown"
+    return " ".join("N" if w.strip(",.:").isdigit() else w for w in reason.split())[:80]
+
+
+def overlap(activity: dict[int, set[str]], stages: Sequence[str] = ("sample", "annotate", "consensus")) -> float:
+    """The fraction of active buckets in which every one of ``stages`` produced an event: 0 for a loop
+    that runs stage after stage (rounds), near 1 for one whose stages run at once."""
+    active = [b for b, seen in activity.items() if seen]
+    if not active:
+        return 0.0
+    together = sum(all(s in activity[b] for s in stages) for b in active)
+    return together / len(active)
+
+
+class EngineMeter:
+    """Poll the engine's ``/metrics``: busy samples, generation tokens and prefix-cache hits over time.
+
+    Busy samples are kept per ``BUCKET_S`` bucket (busy, taken), so memory grows by a few bytes a
+    bucket however long the loop runs; the token counter's history is kept for the last few minutes.
+    """
+
+    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+        self.metrics_url = url.removesuffix("/v1") + "/metrics"
+        self.interval_s = interval_s
+        self.buckets: dict[int, list[int]] = {}
+        self.tokens: list[tuple[float, float]] = []
+        self.last: dict[str, float] = {}
+        self.first: dict[str, float] = {}
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-meter", daemon=True)
+
+    def start(self) -> EngineMeter:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        from prmloop.flows.engine import parse_metrics
+
+        while not self._stop.wait(self.interval_s):
+            try:
+                with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
+                    metrics = parse_metrics(response.read().decode())
+            except OSError:
+                continue
+            self.record(time.monotonic() - self.started, metrics)
+
+    def record(self, at: float, metrics: dict[str, float]) -> None:
+        """One sample of the engine's metrics taken ``at`` seconds after start."""
+        if not self.first:
+            self.first = metrics
+        self.last = metrics
+        bucket = self.buckets.setdefault(int(at // BUCKET_S), [0, 0])
+        bucket[0] += metrics.get("requests_running", 0.0) > 0
+        bucket[1] += 1
+        self.tokens.append((at, metrics.get("generation_tokens", 0.0)))
+        if len(self.tokens) > 1200:
+            del self.tokens[:600]
+
+    def busy_fraction(self, since_s: float = 0.0, until_s: float | None = None) -> float | None:
+        """Busy samples over all samples taken between ``since_s`` and ``until_s`` (seconds after start,
+        to the bucket)."""
+        first = int(max(0.0, since_s) // BUCKET_S)
+        last = None if until_s is None else int(until_s // BUCKET_S)
+        chosen = [v for k, v in list(self.buckets.items()) if k >= first and (last is None or k <= last)]
+        taken = sum(v[1] for v in chosen)
+        return sum(v[0] for v in chosen) / taken if taken else None
+
+    def rate(self, window_s: float) -> float | None:
+        """Generated tokens per second over the last ``window_s`` seconds."""
+        tokens = list(self.tokens)
+        if len(tokens) < 2:
+            return None
+        end = tokens[-1]
+        start = next((t for t in tokens if t[0] >= end[0] - window_s), tokens[0])
+        return (end[1] - start[1]) / (end[0] - start[0]) if end[0] > start[0] else None
+
+    def generated_tokens(self) -> int:
+        return int(self.last.get("generation_tokens", 0.0) - self.first.get("generation_tokens", 0.0))
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        queries = self.last.get("prefix_cache_queries", 0.0) - self.first.get("prefix_cache_queries", 0.0)
+        hits = self.last.get("prefix_cache_hits", 0.0) - self.first.get("prefix_cache_hits", 0.0)
+        return hits / queries if queries > 0 else None
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident memory of ``pid`` and its descendants, in MiB (None: the process is gone)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[-1].split()
+            children[int(fields[1])].append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            if current == pid:
+                return None
+        todo += children.get(current, [])
+    return round(total, 1)

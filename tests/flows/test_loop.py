@@ -1,0 +1,99 @@
+"""The streaming loop's parts that need no running stack: its settings, the question stream, where a
+later run goes on, the engine meter's busy fraction, the overlap measure, and what the view prints."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.loop import Loop, LoopSettings, QuestionStream, Retrain, sampled_indices
+from prmloop.flows.loop_view import LoopView, curve_lines, curve_png, progress_line, snapshot
+from prmloop.flows.loop_watch import BUCKET_S, EngineMeter, overlap
+from prmloop.producers.arith import arith_question
+from prmloop.producers.events import question_registered
+from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.duck import EventStore
+
+
+def test_levels_are_read_from_a_list_and_refused_outside_the_curriculum() -> None:
+    assert LoopSettings(levels="2, 1").level_list == (2, 1)
+    assert LoopSettings(levels=(1, 3)).levels == "1,3"
+    for wrong in ("0", "1,6", "", "one"):
+        with pytest.raises(ValidationError, match="levels must be curriculum levels 1-5"):
+            LoopSettings(levels=wrong)
+
+
+def test_the_stream_takes_the_levels_in_turn_and_never_repeats_a_question() -> None:
+    stream = QuestionStream((1, 2), seed=0, start={2: 5})
+    ids = [q.id for q in stream.take(4)] + [q.id for q in stream.take(2)]
+    assert ids == ["arith/L1/0/0", "arith/L2/0/5", "arith/L1/0/1", "arith/L2/0/6", "arith/L1/0/2", "arith/L2/0/7"]
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_later_run_goes_on_after_the_questions_the_store_has_seen(tmp_path: Path) -> None:
+    from prmloop.models.arith import generate_question
+
+    store = EventStore(tmp_path / "prmloop.duckdb")
+    questions = [arith_question(generate_question(level, 0, i)) for level, i in ((1, 0), (1, 3), (2, 1))]
+    questions.append(arith_question(generate_question(1, 7, 9)))  # another seed: not this run's
+    events = [question_registered(q, producer="test") for q in questions]
+    store.write_batch(
+        events_to_arrow([ConsumedEvent(e, "questions.registered", 0, i, 0) for i, e in enumerate(events)]),
+        [("questions.registered", 0, len(events))],
+    )
+    assert sampled_indices(store.location, 0) == {1: 4, 2: 2}
+    assert sampled_indices(tmp_path / "none.duckdb", 0) == {}
+
+
+def test_the_engine_is_busy_in_the_samples_where_requests_ran() -> None:
+    meter = EngineMeter("http://127.0.0.1:1/v1")
+    # 4 samples in the first bucket, 2 busy; 2 in the second, both busy; then 2 idle in the third
+    for at, running in ((0.0, 1), (1.0, 0), (2.0, 2), (3.0, 0), (BUCKET_S, 1), (BUCKET_S + 1, 3)):
+        meter.record(at, {"requests_running": float(running), "generation_tokens": 10.0 * at})
+    meter.record(2 * BUCKET_S, {"requests_running": 0.0, "generation_tokens": 100.0})
+    meter.record(2 * BUCKET_S + 1, {"requests_running": 0.0, "generation_tokens": 100.0})
+    assert meter.busy_fraction() == pytest.approx(4 / 8)
+    assert meter.busy_fraction(since_s=BUCKET_S) == pytest.approx(2 / 4)
+    assert meter.busy_fraction(since_s=BUCKET_S, until_s=BUCKET_S + 1) == pytest.approx(1.0)
+    assert meter.busy_fraction(since_s=100.0) is None
+    assert meter.generated_tokens() == 100
+    # over the last 6 s: from the sample at 5 s (50 tokens) to 11 s (100 tokens)
+    assert meter.rate(6.0) == pytest.approx((100.0 - 50.0) / (2 * BUCKET_S + 1 - BUCKET_S))
+
+
+def test_overlap_is_the_share_of_active_time_in_which_every_stage_produced() -> None:
+    together = {0: {"sample", "annotate", "consensus"}, 1: {"sample", "annotate", "consensus", "score"}}
+    rounds = {0: {"sample"}, 1: {"annotate"}, 2: {"consensus"}, 3: set()}
+    assert overlap(together) == 1.0
+    assert overlap(rounds) == 0.0
+    assert overlap({**together, 2: {"sample"}}) == pytest.approx(2 / 3)
+    assert overlap({}) == 0.0
+
+
+def test_the_curve_is_a_table_and_a_picture(tmp_path: Path) -> None:
+    retrains = [
+        Retrain(50.0, 8, 0.25, True, "m1", 5.0),
+        Retrain(120.0, 20, None, False, None, 1.0, reason="0 training solutions"),
+        Retrain(200.0, 31, 0.5, True, "m2", 6.0),
+    ]
+    lines = curve_lines(retrains)
+    assert len(lines) == 4 and "0.250" in lines[1] and "0.500" in lines[3] and " - " in lines[2]
+    png = curve_png(retrains, tmp_path / "curve.png")
+    assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert curve_png(retrains[1:2], tmp_path / "none.png") is None
+
+
+def test_without_a_terminal_the_view_prints_a_line_every_half_minute(tmp_path: Path) -> None:
+    loop = Loop(LoopSettings(minutes=1), home=tmp_path)
+    loop.status.retrains.append(Retrain(30.0, 9, 0.4, True, "m", 2.0))
+    out = io.StringIO()
+    with LoopView(loop, out, live=False, every_s=30.0) as view:
+        view.tick()
+        view.tick()  # within the half minute: nothing more
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all("accepted 0" in line and "F1 per retrain: 0.400" in line for line in lines)
+    assert progress_line(snapshot(loop)).startswith("[")
