@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prmloop.flows.loop import LoopError, LoopSettings
-from prmloop.flows.run import Terminal, finish, run_session
+from prmloop.flows.run import Terminal, finish, leave, run_session
 from prmloop.store.settings import StateSettings
 
 __all__ = ["DEMO_QUERIES", "DemoError", "DemoSettings", "command_prefix", "next_commands", "run_demo"]
@@ -128,6 +128,7 @@ def run_demo(settings: DemoSettings | None = None) -> dict[str, Any]:
     finish(loop, result, term)
     commands = next_commands(home, shell_home=shell_home, prefect_started=bool(loop.status.ui))
     _summary(term, result, loop.status.ui, db, commands)
+    leave(loop)
     return {"home": str(home), "db": str(db), "ui": loop.status.ui, **result}
 
 

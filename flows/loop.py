@@ -32,14 +32,19 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from prmloop.flows.loop_watch import EngineMeter, EventWatch, overlap, rss_mib
+from prmloop.flows.loop_settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
+from prmloop.flows.loop_watch import (
+    CommittedOffsets,
+    EngineMeter,
+    EventWatch,
+    overlap,
+    per_window,
+    rss_mib,
+    rss_summary,
+)
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
 
@@ -61,162 +66,6 @@ LOOP_SERVICES: tuple[str, ...] = (
 )
 #: What keeps running when the loop stops: nothing published is lost, the UI stays up.
 KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
-
-
-class LoopError(RuntimeError):
-    """The loop cannot run as asked (one line, said to the user)."""
-
-
-class LoopSettings(BaseSettings):
-    """Options of the streaming loop (``prmloop run``; environment ``PRMLOOP_LOOP_*``)."""
-
-    model_config = SettingsConfigDict(env_prefix="PRMLOOP_LOOP_", frozen=True, extra="ignore")
-
-    minutes: float | None = Field(
-        default=None, gt=0, description="stop after this many minutes (default: run until stopped)"
-    )
-    engine: Literal["auto", "vllm", "transformers"] = Field(
-        default="auto", description="auto: the machine's vLLM engine where `make vllm` made it ready, else transformers"
-    )
-    levels: str = Field(default="1,2", description="arith curriculum levels the loop samples, e.g. 1,2")
-    seed: int = Field(default=0, description="question and sampling seed (the held-out set uses another)")
-    order: Literal["priority", "random"] = Field(
-        default="priority", description="priority: probe new questions and top up the best; random: as they come"
-    )
-    k: int = Field(default=4, ge=1, description="solutions per question (its probes among them)")
-    probe_k: int = Field(default=2, ge=1, description="probe samples of each new question (order=priority)")
-    probe_batch: int = Field(default=6, ge=1, description="new questions per feed")
-    top_up_batch: int = Field(default=3, ge=0, description="queued questions topped up per feed (order=priority)")
-    ahead: int = Field(
-        default=12, ge=1, description="sampled solutions waiting for the annotator, at most, before a feed"
-    )
-    retrain_every: int = Field(default=10, ge=1, description="retrain after this many new accepted labels")
-    retrain_seconds: float = Field(default=90.0, gt=0, description="or after this many seconds with a new one")
-    min_labels: int = Field(default=6, ge=1, description="accepted labels before the first retrain")
-    calibrate_minutes: float | None = Field(default=30.0, gt=0, description="calibrate the aggregation this often")
-    eval_set: str = Field(default="arith", description="the retrained PRM's held-out set (arith, arith-reference)")
-    eval_questions: int = Field(default=8, ge=1, description="held-out questions per level")
-    in_flight: int = Field(default=4, ge=1, description="solutions the annotator searches at once")
-    rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
-    max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
-    threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")
-
-    @field_validator("levels", mode="before")
-    @classmethod
-    def _parse_levels(cls, value: object) -> str:
-        items = value if isinstance(value, tuple | list) else str(value).replace(" ", "").split(",")
-        try:
-            levels = [int(v) for v in items if str(v)]
-        except ValueError:
-            levels = []
-        if not levels or any(not 1 <= v <= 5 for v in levels):
-            raise ValueError(f"levels must be curriculum levels 1-5 such as 1,2, not {value!r}")
-        return ",".join(str(v) for v in levels)
-
-    @property
-    def level_list(self) -> tuple[int, ...]:
-        return tuple(int(v) for v in self.levels.split(","))
-
-    def service_environment(self) -> dict[str, str]:
-        """The services' settings this loop asks for (a variable the user exported wins)."""
-        return {
-            "PRMLOOP_ANNOTATOR_STRATEGY": "adaptive_binary",
-            "PRMLOOP_ANNOTATOR_N0": "4",
-            "PRMLOOP_ANNOTATOR_N_MIN": "2",
-            "PRMLOOP_ANNOTATOR_N_MAX": "8",
-            "PRMLOOP_ANNOTATOR_MAX_NEW_TOKENS": str(self.rollout_tokens),
-            "PRMLOOP_ANNOTATOR_IN_FLIGHT": str(self.in_flight),
-            "PRMLOOP_JUDGE_METHOD": "exact",
-            "PRMLOOP_SELECTOR_REFRESH_S": "5",
-        }
-
-
-class QuestionStream:
-    """New curriculum questions, the levels taken in turn, each level's indices from ``start[level]`` on."""
-
-    def __init__(self, levels: tuple[int, ...], seed: int, start: dict[int, int] | None = None) -> None:
-        self.levels = levels
-        self.seed = seed
-        self.next = {level: (start or {}).get(level, 0) for level in levels}
-        self._turn = 0
-
-    def take(self, n: int) -> list[Question]:
-        from prmloop.models.arith import generate_question
-        from prmloop.producers.arith import arith_question
-
-        out = []
-        for _ in range(n):
-            level = self.levels[self._turn % len(self.levels)]
-            self._turn += 1
-            out.append(arith_question(generate_question(level, self.seed, self.next[level])))
-            self.next[level] += 1
-        return out
-
-
-def sampled_indices(db: Path | str, seed: int) -> dict[int, int]:
-    """Per level, one past the highest question index of ``seed`` the store has seen (a later run goes on)."""
-    from prmloop.store.duck import QueryError, StoreLocked, query, store_exists
-
-    if not store_exists(db):
-        return {}
-    try:
-        rows = query(
-            db,
-            "SELECT DISTINCT question_id FROM questions WHERE question_id LIKE ?",
-            [f"arith/L%/{seed}/%"],
-            timeout_s=30,
-        ).rows
-    except (QueryError, StoreLocked, FileNotFoundError):
-        return {}
-    out: dict[int, int] = {}
-    for (question_id,) in rows:
-        parts = str(question_id).split("/")
-        if len(parts) == 4 and parts[1].startswith("L") and parts[3].isdigit():
-            level = int(parts[1][1:])
-            out[level] = max(out.get(level, 0), int(parts[3]) + 1)
-    return out
-
-
-@dataclass
-class Retrain:
-    """One retrain as the view and the learning curve show it."""
-
-    at_s: float
-    accepted: int
-    f1: float | None
-    promoted: bool
-    model_id: str | None
-    wall_s: float
-    reason: str | None = None
-    #: generated tokens when the retrain started (what its labels cost)
-    tokens: int = 0
-
-
-@dataclass
-class LoopStatus:
-    """What the view shows; updated by the driver's threads."""
-
-    started: float = field(default_factory=time.monotonic)
-    engine: str = "transformers"
-    engine_url: str | None = None
-    ui: str | None = None
-    home: Path | None = None
-    feeds: int = 0
-    feed_running: bool = False
-    published: int = 0
-    waiting: int = 0
-    queue: int = 0
-    accepted_before: int = 0
-    retrains: list[Retrain] = field(default_factory=list)
-    retraining: bool = False
-    prm: str | None = None
-    calibrations: int = 0
-    last_error: str | None = None
-    stopping: bool = False
-    rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
 
 
 class Loop:
@@ -253,7 +102,7 @@ class Loop:
         self._annotated_at_start = 0
         self._last_retrain_at = 0.0
         self._accepted_at_retrain = 0
-        self._committed: _CommittedOffsets | None = None
+        self._committed: CommittedOffsets | None = None
         self.stream = QuestionStream(settings.level_list, settings.seed)
 
     # -- start ---------------------------------------------------------------------------------------
@@ -281,7 +130,7 @@ class Loop:
                 self._use_engine(engine_url)
         if engine_url is not None:
             self.status.engine, self.status.engine_url = "vllm", engine_url
-            self.meter = EngineMeter(engine_url).start()
+            self.meter = EngineMeter(engine_url, started=self.status.started).start()
         url = prefect_api_url(self.state)
         if url and self.use_prefect:
             os.environ["PREFECT_API_URL"] = url
@@ -292,8 +141,8 @@ class Loop:
         if not servers:
             raise LoopError(f"no broker: `prmloop up` did not start one (see {self.home / 'logs' / 'broker.log'})")
         self.servers = servers
-        self.watch = EventWatch(servers).start()
-        self._committed = _CommittedOffsets(servers, _annotator_group(), _annotator_topic())
+        self.watch = EventWatch(servers, started=self.status.started).start()
+        self._committed = CommittedOffsets(servers, _annotator_group(), _annotator_topic())
         self._annotated_at_start = self._committed.total()
         self.status.accepted_before = _accepted_in_store(self.db)
         self._accepted_at_retrain = self.status.accepted_before
@@ -485,6 +334,20 @@ class Loop:
         )
         if summary["promoted"]:
             self.status.prm = summary["artifact"]
+        self.publish_progress()
+
+    def publish_progress(self) -> None:
+        """The monitor's artifacts and the learning curve's picture, as each retrain lands (the UI shows
+        the loop learning while it runs)."""
+        if not self.use_prefect:
+            return
+        from prmloop.flows.loop_view import curve_png
+        from prmloop.flows.monitor import monitor, publish_curve
+
+        monitor(str(self.db))
+        png = curve_png(self.status.retrains, self.home / "loop" / "learning-curve.png")
+        if png is not None:
+            publish_curve(png, self.result())
 
     def _prepare_heldout(self) -> None:
         from prmloop.flows.retrain_ensemble import eval_items
@@ -509,6 +372,10 @@ class Loop:
         thread = threading.Thread(target=guarded, name=name, daemon=True)
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
+
+    def unfinished(self) -> list[str]:
+        """The driver's jobs still running (after :meth:`stop`: the ones it gave up waiting for)."""
+        return [t.name for t in self._threads if t.is_alive()]
 
     def _busy(self, name: str) -> bool:
         return any(t.name == name and t.is_alive() for t in self._threads)
@@ -555,6 +422,8 @@ class Loop:
             "stage_overlap": round(overlap(totals.activity), 3) if totals else 0.0,
             "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
             "rss_mib": self.status.rss,
+            "rss_summary": rss_summary(self.status.rss),
+            "accepted_per_10_min": per_window(totals.accepted_at if totals else [], wall, 600.0),
             "errors": [self.status.last_error] if self.status.last_error else [],
         }
 
@@ -600,27 +469,3 @@ def _accepted_in_store(db: Path | str) -> int:
         return int(query(db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'", timeout_s=30).rows[0][0])
     except (QueryError, StoreLocked, FileNotFoundError):
         return 0
-
-
-class _CommittedOffsets:
-    """The sum of a group's committed offsets on a topic (the records it has finished), polled cheaply."""
-
-    def __init__(self, servers: str, group: str, topic: str) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        self._consumer = KafkaConsumer(
-            **KafkaSettings().client_kwargs(servers), group_id=group, enable_auto_commit=False
-        )
-        self._parts = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or ())]
-        self._lock = threading.Lock()
-
-    def total(self) -> int:
-        with self._lock:
-            try:
-                return sum(int(self._consumer.committed(tp) or 0) for tp in self._parts)
-            except Exception:  # noqa: BLE001 - a broker hiccup: count nothing new this tick
-                return 0
-
-    def close(self) -> None:
-        with self._lock:
-            self._consumer.close()

@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from prmloop.flows.loop import Loop, Retrain
+    from prmloop.flows.loop import Loop
+    from prmloop.flows.loop_settings import Retrain
 
 __all__ = ["LoopView", "curve_lines", "curve_png", "progress_line"]
 

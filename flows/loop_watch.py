@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prmloop.store.codec import decode_stored_form
 from prmloop.store.events import (
@@ -36,7 +37,16 @@ from prmloop.store.events import (
 )
 from prmloop.store.settings import KafkaSettings
 
-__all__ = ["STAGE_OF", "EngineMeter", "EventWatch", "overlap", "rss_mib"]
+__all__ = [
+    "STAGE_OF",
+    "CommittedOffsets",
+    "EngineMeter",
+    "EventWatch",
+    "overlap",
+    "per_window",
+    "rss_mib",
+    "rss_summary",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +104,18 @@ class EventWatch:
     """Count the loop's events as they arrive (a thread; :meth:`snapshot` is safe from any other)."""
 
     def __init__(
-        self, bootstrap_servers: str, *, kafka: KafkaSettings | None = None, topics: Sequence[str] = WATCHED_TOPICS
+        self,
+        bootstrap_servers: str,
+        *,
+        kafka: KafkaSettings | None = None,
+        topics: Sequence[str] = WATCHED_TOPICS,
+        started: float | None = None,
     ) -> None:
+        """``started``: the ``time.monotonic()`` its times count from (the loop's start)."""
         self.bootstrap_servers = bootstrap_servers
         self.kafka = kafka or KafkaSettings()
         self.topics = tuple(topics)
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self._totals = WatchTotals()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -211,14 +227,15 @@ class EngineMeter:
     bucket however long the loop runs; the token counter's history is kept for the last few minutes.
     """
 
-    def __init__(self, url: str, interval_s: float = 0.5) -> None:
+    def __init__(self, url: str, interval_s: float = 0.5, started: float | None = None) -> None:
+        """``started``: the ``time.monotonic()`` its times count from (the loop's start)."""
         self.metrics_url = url.removesuffix("/v1") + "/metrics"
         self.interval_s = interval_s
         self.buckets: dict[int, list[int]] = {}
         self.tokens: list[tuple[float, float]] = []
         self.last: dict[str, float] = {}
         self.first: dict[str, float] = {}
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-meter", daemon=True)
 
@@ -304,3 +321,44 @@ def rss_mib(pid: int) -> float | None:
                 return None
         todo += children.get(current, [])
     return round(total, 1)
+
+
+def rss_summary(samples: dict[str, list[tuple[float, float]]], warm_s: float = 600.0) -> dict[str, Any]:
+    """Per process: resident MiB at the first sample after ``warm_s`` (10 minutes), at the end, and at most."""
+    out: dict[str, Any] = {}
+    for name, points in samples.items():
+        if not points:
+            continue
+        warm = next((mib for at, mib in points if at >= warm_s), None)
+        out[name] = {"after_10_min": warm, "last": points[-1][1], "max": max(mib for _, mib in points)}
+    return out
+
+
+def per_window(times: list[float], wall: float, window_s: float) -> list[int]:
+    """How many of ``times`` fell in each whole ``window_s`` of the run (the last, partial one left out)."""
+    windows = int(wall // window_s)
+    return [sum(i * window_s <= t < (i + 1) * window_s for t in times) for i in range(windows)]
+
+
+class CommittedOffsets:
+    """The sum of a group's committed offsets on a topic (the records it has finished), polled cheaply."""
+
+    def __init__(self, servers: str, group: str, topic: str) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        self._consumer = KafkaConsumer(
+            **KafkaSettings().client_kwargs(servers), group_id=group, enable_auto_commit=False
+        )
+        self._parts = [TopicPartition(topic, p) for p in sorted(self._consumer.partitions_for_topic(topic) or ())]
+        self._lock = threading.Lock()
+
+    def total(self) -> int:
+        with self._lock:
+            try:
+                return sum(int(self._consumer.committed(tp) or 0) for tp in self._parts)
+            except Exception:  # noqa: BLE001 - a broker hiccup: count nothing new this tick
+                return 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._consumer.close()

@@ -24,9 +24,9 @@ from typing import IO, Any
 from rich.console import Console
 
 from prmloop.flows.loop import Loop, LoopSettings
-from prmloop.flows.loop_view import LoopView, curve_lines, curve_png
+from prmloop.flows.loop_view import LoopView, curve_lines
 
-__all__ = ["Terminal", "finish", "run_session"]
+__all__ = ["Terminal", "finish", "leave", "run_session"]
 
 log = logging.getLogger(__name__)
 
@@ -120,25 +120,32 @@ def run_session(
         except KeyboardInterrupt:
             with term.quiet():
                 loop.stop(wait_s=0.0)
+    if loop.unfinished():
+        term.stage("stop", f"left unfinished: {', '.join(loop.unfinished())} (what it wrote so far is kept)")
     return loop, loop.result()
+
+
+def leave(loop: Loop, code: int = 0) -> None:
+    """End the process: at once where a job of the driver is still running in a thread of its own (a
+    model computing in native code would abort the interpreter's shutdown), else normally."""
+    if loop.unfinished():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def finish(loop: Loop, result: dict[str, Any], term: Terminal) -> None:
     """After the loop: the monitor's artifacts, the learning curve as a table and a PNG artifact."""
-    png = curve_png(loop.status.retrains, loop.home / "loop" / "learning-curve.png")
-    result["learning_curve_png"] = str(png) if png else None
+    png = loop.home / "loop" / "learning-curve.png"
     try:
         with term.quiet():
-            from prmloop.flows.monitor import monitor, publish_curve
-
-            monitor(str(loop.db))
-            if png is not None:
-                publish_curve(png, result)
+            loop.publish_progress()
     except Exception as exc:  # noqa: BLE001 - the figures are printed whatever the UI got
         term.stage("monitor", f"artifacts not published: {type(exc).__name__}: {exc}")
+    result["learning_curve_png"] = str(png) if png.is_file() else None
     term.say()
     term.say("The loop's learning curve (each retrain's ensemble PRM on the held-out set):")
     for line in curve_lines(loop.status.retrains) if loop.status.retrains else ["  no PRM was trained"]:
         term.say(line)
-    if png is not None:
+    if png.is_file():
         term.say(f"  (plot: {png}; Prefect artifact loop-learning-curve)")

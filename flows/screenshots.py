@@ -14,7 +14,15 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
-__all__ = ["ARTIFACT_KEYS", "PAGES", "find_chromium", "latest_artifact_ids", "screenshot", "take_screenshots"]
+__all__ = [
+    "ARTIFACT_KEYS",
+    "PAGES",
+    "find_chromium",
+    "latest_artifact_ids",
+    "page_text",
+    "screenshot",
+    "take_screenshots",
+]
 
 #: Page name -> path under the UI root.
 PAGES: dict[str, str] = {
@@ -24,7 +32,7 @@ PAGES: dict[str, str] = {
 }
 
 #: Artifacts whose latest version gets a picture of its own (``artifact-<key>.png``).
-ARTIFACT_KEYS = ("loop-summary", "loop-per-hour", "prioritize-queue", "sample-per-question")
+ARTIFACT_KEYS = ("loop-learning-curve", "loop-summary", "loop-per-hour", "prioritize-queue", "sample-per-question")
 
 
 def latest_artifact_ids(api_url: str, keys: tuple[str, ...] = ARTIFACT_KEYS) -> dict[str, str]:
@@ -60,23 +68,44 @@ def find_chromium() -> str:
     )
 
 
-def screenshot(
-    url: str, out: Path, *, chromium: str | None = None, wait_ms: int = 20_000, size: str = "1440,1000"
-) -> Path:
-    """Save a PNG of ``url`` to ``out`` after ``wait_ms`` of virtual time for the page's scripts."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    command = [
+def _headless(chromium: str | None, wait_ms: int) -> list[str]:
+    return [
         chromium or find_chromium(),
         "--headless=new",
         "--no-sandbox",  # root in a container has no user namespace sandbox
         "--disable-gpu",
         "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        f"--window-size={size}",
+        # Nothing beyond this machine answers: Chromium's own background calls would only fail, many at a time.
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        "--no-first-run",
         f"--virtual-time-budget={wait_ms}",
-        f"--screenshot={out}",
-        url,
     ]
+
+
+def page_text(url: str, *, chromium: str | None = None, wait_ms: int = 20_000) -> str:
+    """The text of ``url`` as the browser renders it, after ``wait_ms`` of virtual time for its scripts
+    (the UI fetches what it shows from the API): what a person would read on the page."""
+    import html
+    import re
+
+    command = [*_headless(chromium, wait_ms), "--dump-dom", url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=wait_ms / 1000 + 90, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"chromium could not read {url}: {tail[0]}")
+    body = re.sub(r"<(script|style)\b.*?</\1>", " ", done.stdout, flags=re.S | re.I)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def screenshot(
+    url: str, out: Path, *, chromium: str | None = None, wait_ms: int = 20_000, size: str = "1440,1000"
+) -> Path:
+    """Save a PNG of ``url`` to ``out`` after ``wait_ms`` of virtual time for the page's scripts."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = [*_headless(chromium, wait_ms), "--hide-scrollbars", f"--window-size={size}", f"--screenshot={out}", url]
     done = subprocess.run(command, capture_output=True, text=True, timeout=wait_ms / 1000 + 90, check=False)
     if done.returncode != 0 or not out.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -73,8 +73,8 @@ def run_rounds_arm(
     up(["broker", "sink"], state=state, say=say)
     servers = find_bootstrap_servers(KafkaSettings(), state)
     assert servers, "the arm's broker did not start"
-    watch = EventWatch(servers).start()
-    meter = EngineMeter(engine_url).start() if engine_url else None
+    watch = EventWatch(servers, started=started).start()
+    meter = EngineMeter(engine_url, started=started).start() if engine_url else None
     db = state.db_path
 
     def stored() -> int:

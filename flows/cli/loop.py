@@ -21,7 +21,7 @@ def run(settings: LoopSettings) -> None:
     elsewhere; runs until Ctrl-C (or --minutes), then stops cleanly and prints the learning curve and one
     JSON line of figures. The broker, the sink and Prefect keep running (`prmloop down` stops them);
     libraries' output goes to $PRMLOOP_HOME/logs/loop.log."""
-    from prmloop.flows.run import Terminal, finish, run_session
+    from prmloop.flows.run import Terminal, finish, leave, run_session
 
     home = StateSettings().home
     term = Terminal(home / "logs" / "loop.log")
@@ -32,3 +32,6 @@ def run(settings: LoopSettings) -> None:
         raise typer.Exit(2) from None
     finish(loop, result, term)
     term.say(json.dumps({k: v for k, v in result.items() if k != "rss_mib"}, default=str))
+    (home / "loop").mkdir(parents=True, exist_ok=True)
+    (home / "loop" / "last-run.json").write_text(json.dumps(result, default=str))
+    leave(loop)

@@ -1,0 +1,113 @@
+"""`prmloop run` for three minutes, as a user runs it: every service at once, the PRM retrained as labels
+arrive, and the Prefect UI of the running loop read in a real browser (Debian's chromium).
+
+The 60-minute soak is `prmloop bench soak` (README: figures); this is its short version for the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from prmloop.flows.stack import prefect_api_url
+from prmloop.store.settings import StateSettings
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def _prmloop(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PRMLOOP_HOME": str(home)}
+    for key in [k for k in env if k.startswith(("PRMLOOP_SAMPLE_", "PRMLOOP_ANNOTATOR_", "PREFECT_API_URL"))]:
+        del env[key]
+    return subprocess.run(
+        [sys.executable, "-m", "prmloop.flows.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, object], str]]:
+    """One three-minute run of the loop (the Prefect server it leaves running is read afterwards)."""
+    home = tmp_path_factory.mktemp("loop") / "home"
+    done = _prmloop(
+        home,
+        "run",
+        "--minutes",
+        "3",
+        "--retrain-seconds",
+        "20",
+        "--retrain-every",
+        "5",
+        "--min-labels",
+        "3",
+        "--calibrate-minutes",
+        "2",
+        timeout=900,
+    )
+    ui = prefect_api_url(StateSettings(home=home))
+    yield home, _last_json(done), ui or ""
+    _prmloop(home, "down", timeout=120)
+
+
+def _last_json(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert lines, done.stdout[-3000:]
+    result: dict[str, object] = json.loads(lines[-1])
+    return result
+
+
+def test_the_loop_retrains_as_labels_arrive_with_its_stages_running_at_once(
+    streamed: tuple[Path, dict[str, object], str],
+) -> None:
+    _, result, _ = streamed
+    curve = result["f1_curve"]
+    assert isinstance(curve, list) and len(curve) >= 3, result
+    assert [t for t, _ in curve] == sorted(t for t, _ in curve)
+    assert isinstance(result["accepted_labels"], int) and result["accepted_labels"] >= 10, result
+    # Sampling, annotation and consensus produced events in the same 5-second spans most of the time:
+    # a loop that ran stage after stage would score 0.
+    assert isinstance(result["stage_overlap"], float) and result["stage_overlap"] >= 0.3, result
+    assert result["errors"] == [], result
+
+
+def test_no_valid_event_was_dead_lettered(streamed: tuple[Path, dict[str, object], str]) -> None:
+    home, _, _ = streamed
+    done = _prmloop(home, "status")  # not a terminal: one JSON object
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    dead = status.get("dead_letters") or {}
+    assert isinstance(dead, dict) and all(not entry.get("count") for entry in dead.values()), dead
+
+
+def test_the_ui_of_the_running_loop_shows_its_retrains_deployments_and_learning_curve(
+    streamed: tuple[Path, dict[str, object], str],
+) -> None:
+    from prmloop.flows.screenshots import find_chromium, latest_artifact_ids, page_text
+
+    try:
+        find_chromium()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    _, _, api = streamed
+    assert api, "the loop left no Prefect server running"
+    ui = api.removesuffix("/api")
+    runs = page_text(ui + "/runs")
+    assert "retrain" in runs and "feed" in runs, runs[:2000]
+    deployments = page_text(ui + "/deployments")
+    assert "prioritize-local" in deployments, deployments[:2000]
+    artifacts = page_text(ui + "/artifacts")
+    assert "loop-learning-curve" in artifacts, artifacts[:2000]
+    curve = latest_artifact_ids(api, ("loop-learning-curve",))
+    page = page_text(f"{ui}/artifacts/artifact/{curve['loop-learning-curve']}")
+    assert "held-out F1 per retrain" in page, page[:2000]
