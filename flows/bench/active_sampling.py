@@ -42,24 +42,25 @@ Say = Callable[[str], None]
 ENGINES = ("auto", "vllm", "transformers")
 
 #: Throughput on the team's 2-core machine (float32; tokens/s, features in solutions/s), used until this
-#: home has measured its own: vLLM sampling 16 questions x 4 at a time and MC rollouts of 4 solutions
-#: in flight, transformers 4 questions x 4 (the bench's own builds of the arith pools), the backbone's
-#: features of arith solutions in chunks of 32.
+#: home has measured its own: vLLM sampling with 16 requests of 4 in flight and MC rollouts of 4
+#: solutions in flight, transformers 4 questions x 4 (the bench's own builds of the arith pools, the
+#: machine shared with other work), the backbone's features of arith solutions in chunks of 32.
 DEFAULT_SPEEDS: dict[str, float] = {
-    "vllm.sample": 250.0,
+    "vllm.sample": 90.0,
     "vllm.mc": 200.0,
     "transformers.sample": 40.0,
     "transformers.mc": 25.0,
     "features": 10.0,
 }
 #: Mean completion tokens of one sampled curriculum solution (160 at most), until a cache has its own.
-TOKENS_PER_SOLUTION = 90.0
+TOKENS_PER_SOLUTION = 55.0
 #: Mean generated tokens of one solution's MC label (the arith-mc pool: 17,854 tokens over 64 solutions).
 MC_TOKENS_PER_SOLUTION = 280.0
 #: Seconds to start a vLLM engine of the bench's own (loading vLLM and the model on two busy cores).
-ENGINE_START_S = 90.0
-#: Requests in flight against the vLLM engine while sampling.
-_CONCURRENCY = 16
+ENGINE_START_S = 45.0
+#: Requests in flight against the vLLM engine while sampling (each samples k solutions of a question),
+#: and questions per call: the next request starts as one finishes, so the engine stays full.
+_CONCURRENCY, _VLLM_QUESTIONS_PER_CALL = 16, 64
 
 
 def _speeds_file(root: Path) -> Path:
@@ -195,8 +196,8 @@ class Sampler:
 
     @property
     def questions_per_call(self) -> int:
-        """Questions per ``generate`` call: many in flight on vLLM (continuous batching), 4 in process."""
-        return _CONCURRENCY if self.kind == "vllm" else 4
+        """Questions per ``generate`` call: on vLLM many (16 requests in flight, continuous batching), 4 in process."""
+        return _VLLM_QUESTIONS_PER_CALL if self.kind == "vllm" else 4
 
     def annotator_options(self) -> dict[str, Any]:
         """The annotator's engine settings: the vLLM engine (started now if need be), or transformers."""

@@ -137,7 +137,7 @@ def test_the_sampler_uses_a_running_engine_else_vllm_if_ready_else_transformers_
         (state.run_dir / "engine.json").write_text(json.dumps({**record, "url": "http://127.0.0.1:9/v1"}))
         running = Sampler("auto")
         assert running.kind == "vllm" and running.url == "http://127.0.0.1:9/v1" and running.start_seconds == 0
-        assert running.questions_per_call == 16
+        assert running.questions_per_call == 64
         assert Sampler("transformers").kind == "transformers"  # asked for: the running engine is not used
     finally:
         process.kill()
@@ -148,12 +148,12 @@ def test_a_build_says_what_it_will_cost_from_the_speeds_measured_here(home: Path
     record_speed(home, "transformers.sample", 50.0)
     record_speed(home, "features", 4.0)
     cost = estimate_pool("arith", root=home, arith_questions=10, arith_levels=(1, 2, 3), engine="transformers")
-    # 3 levels x 10 questions x k = 2 = 60 solutions x 90 tokens (no cache yet) at 50 tokens/s = 108 s;
+    # 3 levels x 10 questions x k = 2 = 60 solutions x 55 tokens (no cache yet) at 50 tokens/s = 66 s;
     # features of 60 x 0.4 (the prior share the checker decides) = 24 solutions at 4/s = 6 s.
-    assert cost["sample_solutions"] == 60 and cost["sample_tokens"] == 5400
-    assert cost["features"] == 24 and cost["seconds"] == pytest.approx(114.0)
-    assert "sampling 60 solutions (~5,400 tokens at 50 tokens/s, measured here" in cost["line"]
-    assert cost["line"].endswith("about 2 min to build once")
+    assert cost["sample_solutions"] == 60 and cost["sample_tokens"] == 3300
+    assert cost["features"] == 24 and cost["seconds"] == pytest.approx(72.0)
+    assert "sampling 60 solutions (~3,300 tokens at 50 tokens/s, measured here" in cost["line"]
+    assert cost["line"].endswith("about 72 s to build once")
     assert [describe_cost(s) for s in (0.2, 89, 600, 7200)] == [
         "about 1 s",
         "about 89 s",
