@@ -20,7 +20,9 @@ Budgets are shares of what the pool's labels cost: labels for ``processbench`` a
 tokens for ``arith-mc`` (a correct solution's label is free, as in the loop). Per arm: F1 per budget
 (mean and standard deviation over seeds), ``auc`` (mean F1 over the budget range, the area under the
 curve normalised by its width) and ``label_fraction_to_95`` (the smallest budget share at which the
-arm's mean F1 reaches 95 % of ``full``'s; 1.0 if never).
+arm's mean F1 reaches 95 % of ``full``'s; 1.0 if never). ``actprm_vs_random``: actprm minus random,
+paired by seed, with 95 % intervals (:mod:`prmloop.flows.bench.active_stats`), and whether the
+advantage survives them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from prmloop.flows.bench.active_pools import PoolItem, build_pool, split_pool
+from prmloop.flows.bench.active_pools import ARITH_LEVELS, PoolItem, build_pool, split_pool
+from prmloop.flows.bench.active_stats import compare_arms
 from prmloop.models.prm.active import Thresholds, decide, rank_uncertain
 from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
@@ -55,7 +58,7 @@ class ActiveSettings:
     pool: str = "processbench"
     arms: tuple[str, ...] = ARMS
     budgets: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
-    seeds: int = 3
+    seeds: int = 5
     ensemble: EnsembleConfig = field(default_factory=lambda: EnsembleConfig(threads=1))
     thresholds: Thresholds = field(default_factory=Thresholds)
     #: How an uncertainty arm orders the unlabelled pool: ``rank`` (most uncertain first) or ``filter``
@@ -63,8 +66,11 @@ class ActiveSettings:
     order: str = "rank"
     spec: FeatureSpec = field(default_factory=FeatureSpec)
     arith_questions: int = 60
+    arith_levels: tuple[int, ...] = ARITH_LEVELS
     mc_limit: int = 160
     threads: int | None = None
+    #: What samples a pool the cache lacks: auto (vLLM where it runs, else transformers), vllm, transformers.
+    engine: str = "auto"
 
 
 def example_of(item: PoolItem) -> PRMExample | None:
@@ -172,7 +178,10 @@ def _curve(
     return points
 
 
-def _load_features(items: Sequence[PoolItem], settings: ActiveSettings, say: Say) -> dict[str, np.ndarray]:
+def _load_features(
+    items: Sequence[PoolItem], settings: ActiveSettings, say: Say, root: Path | None = None
+) -> dict[str, np.ndarray]:
+    from prmloop.flows.bench.active_sampling import describe_cost, record_speed
     from prmloop.store.settings import StateSettings
 
     cache = FeatureCache(StateSettings().features_dir, settings.spec)
@@ -181,7 +190,13 @@ def _load_features(items: Sequence[PoolItem], settings: ActiveSettings, say: Say
     def progress(done: int, missing: int, seconds: float) -> None:
         if time.monotonic() - last[0] > 15 or done == missing:
             last[0] = time.monotonic()
-            say(f"features: {done}/{missing} solutions through the backbone ({seconds:.0f}s; cached for next time)")
+            left = describe_cost((missing - done) * seconds / max(done, 1))
+            say(
+                f"features: {done}/{missing} solutions through the backbone ({seconds:.0f}s, {left} left; "
+                "cached for next time)"
+            )
+            if done == missing and root is not None and missing >= 32:
+                record_speed(root, "features", missing / max(seconds, 1e-6))
 
     arrays = cached_features(
         [i.problem for i in items],
@@ -204,12 +219,7 @@ def _summarise(curves: dict[str, list[list[dict[str, float]]]], total_cost: floa
         n = len(runs[0])
         f1 = [statistics.fmean(r[i]["f1"] for r in runs) for i in range(n)]
         xs = [statistics.fmean(r[i]["cost"] for r in runs) / total_cost for i in range(n)]
-        aucs = []
-        for r in runs:
-            x = [p["cost"] / total_cost for p in r]
-            y = [p["f1"] for p in r]
-            width = x[-1] - x[0]
-            aucs.append(float(np.trapezoid(y, x) / width) if width > 0 else y[-1])
+        aucs = [_auc(r, total_cost) for r in runs]
         reach = next((x for x, y in zip(xs, f1, strict=True) if full_f1 and y >= 0.95 * full_f1), 1.0)
         arms[arm] = {
             "f1": [round(v, 4) for v in f1],
@@ -217,9 +227,43 @@ def _summarise(curves: dict[str, list[list[dict[str, float]]]], total_cost: floa
             "share": [round(v, 4) for v in xs],
             "labels": [round(statistics.fmean(r[i]["labels"] for r in runs), 1) for i in range(n)],
             "auc": round(statistics.fmean(aucs), 4),
+            "auc_std": round(_std(aucs), 4),
             "label_fraction_to_95": round(reach, 4),
         }
     return arms
+
+
+def _auc(run: Sequence[dict[str, float]], total_cost: float) -> float:
+    """One seed's mean F1 over the budget range: the trapezoid area under F1 vs share, over its width."""
+    x = [p["cost"] / total_cost for p in run]
+    y = [p["f1"] for p in run]
+    width = x[-1] - x[0]
+    return float(np.trapezoid(y, x) / width) if width > 0 else y[-1]
+
+
+def _versus_random(
+    curves: dict[str, list[list[dict[str, float]]]], total_cost: float, budgets: Sequence[float]
+) -> dict[str, Any]:
+    """actprm minus random, paired by seed (:func:`~prmloop.flows.bench.active_stats.compare_arms`), and the
+    AUC difference of every other uncertainty arm against random."""
+    rnd = curves["random"]
+    out = compare_arms(
+        [_auc(r, total_cost) for r in curves["actprm"]],
+        [_auc(r, total_cost) for r in rnd],
+        [[p["f1"] for p in r] for r in curves["actprm"]],
+        [[p["f1"] for p in r] for r in rnd],
+        budgets,
+    )
+    others = {}
+    for arm in ("epistemic", "aleatoric", "priority"):
+        if arm in curves:
+            row = compare_arms(
+                [_auc(r, total_cost) for r in curves[arm]], [_auc(r, total_cost) for r in rnd], [], [], []
+            )
+            others[arm] = {"auc_difference": row["auc"]["difference"], "ci": row["auc"]["ci"]}
+    if others:
+        out["other_arms_auc_minus_random"] = others
+    return out
 
 
 def _std(values: Sequence[float]) -> float:
@@ -227,9 +271,10 @@ def _std(values: Sequence[float]) -> float:
 
 
 def run_active(
-    settings: ActiveSettings, *, root: Path, out_dir: Path | None = None, say: Say = print
+    settings: ActiveSettings, *, root: Path, out_dir: Path | None = None, say: Say = print, work: Any = None
 ) -> dict[str, Any]:
-    """Run every arm on one pool; returns the summary (the bench's JSON line)."""
+    """Run every arm on one pool; returns the summary (the bench's JSON line). ``work``
+    (:class:`~prmloop.flows.bench.active_pools.PoolWork`) shares one sampling engine between pools."""
     unknown = [a for a in settings.arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
@@ -238,13 +283,16 @@ def run_active(
         settings.pool,
         root=root,
         arith_questions=settings.arith_questions,
+        arith_levels=settings.arith_levels,
         mc_limit=settings.mc_limit,
         threads=settings.threads,
+        engine=settings.engine,
         say=say,
+        work=work,
     )
     pool, held = split_pool(items)
     say(f"{settings.pool}: {len(pool)} pool solutions, {len(held)} held out")
-    features = _load_features(items, settings, say)
+    features = _load_features(items, settings, say, root)
     total_cost = sum(i.cost for i in pool)
     budgets = [b * total_cost for b in settings.budgets]
     curves: dict[str, list[list[dict[str, float]]]] = {}
@@ -290,6 +338,14 @@ def run_active(
         "order": settings.order,
         "ensemble": settings.ensemble.model_dump(mode="json"),
     }
+    if settings.pool != "processbench":
+        result["arith"] = {
+            "levels": list(settings.arith_levels),
+            "questions_per_level": settings.arith_questions,
+            "solutions_per_level": {
+                level: sum(i.subset == level for i in items) for level in sorted({i.subset for i in items})
+            },
+        }
     if "actprm" in arms and "random" in arms and "full" in arms:
         act, rnd = arms["actprm"], arms["random"]
         result["target"] = {
@@ -298,6 +354,10 @@ def run_active(
             # The first budget is the same random set for every arm: compared from the second on.
             "above_random_at_every_budget": all(a > r for a, r in zip(act["f1"][1:], rnd["f1"][1:], strict=True)),
         }
+    if "actprm" in curves and "random" in curves and settings.seeds > 1:
+        result["actprm_vs_random"] = _versus_random(curves, total_cost, settings.budgets)
+        versus = result["actprm_vs_random"]
+        say(f"{settings.pool}: actprm - random AUC {versus['auc']}: {versus['verdict']}")
     if out_dir is not None:
         result["png"] = str(_plot(result, out_dir / f"active-{settings.pool}.png"))
     result["seconds"] = round(time.perf_counter() - started, 1)
@@ -332,19 +392,22 @@ def _plot(result: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def label_quality(settings: ActiveSettings, *, root: Path, say: Say = print) -> dict[str, Any]:
+def label_quality(settings: ActiveSettings, *, root: Path, say: Say = print, work: Any = None) -> dict[str, Any]:
     """Ensembles trained on the same number of MC, consensus (MC = exact) and exact labels of the
     ``arith-mc`` pool's pool half, scored against exact first errors on its held-out half (3 seeds)."""
     items = build_pool(
         "arith-mc",
         root=root,
         arith_questions=settings.arith_questions,
+        arith_levels=settings.arith_levels,
         mc_limit=settings.mc_limit,
         threads=settings.threads,
+        engine=settings.engine,
         say=say,
+        work=work,
     )
     pool, held = split_pool(items)
-    features = _load_features(items, settings, say)
+    features = _load_features(items, settings, say, root)
     labelled = [i for i in pool if i.label_first_error is not None]
     agree = [i for i in labelled if i.label_first_error == i.first_error]
     n = len(agree)

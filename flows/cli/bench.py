@@ -178,20 +178,36 @@ def bench_loop_cmd(
     typer.echo(json.dumps(bench_loop(settings, repeats=repeats)))
 
 
+#: ``bench active --quick``: curriculum questions per level and MC-labelled solutions of its arith pools
+#: (the first questions of the full pools: what a quick run samples, a full run reuses), and the minutes
+#: of model work (sampling, MC rollouts, features) it may spend building pools the cache lacks.
+QUICK_ARITH_QUESTIONS, QUICK_MC_LIMIT, QUICK_BUILD_MINUTES = 8, 24, 5.0
+
+
 @bench_app.command("active")
 def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     pool: Annotated[
         str, typer.Option(help="processbench (human labels), arith (exact labels), arith-mc (MC labels, tokens), all")
     ] = "all",
-    quick: Annotated[bool, typer.Option(help="4 budgets, 16 heads: under 5 minutes once features are cached")] = False,
-    seeds: Annotated[int, typer.Option(help="random seeds per arm (first labelled set and head initialisation)")] = 3,
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help=f"4 budgets, 16 heads, small arith pools ({QUICK_ARITH_QUESTIONS} questions per level, "
+            f"{QUICK_MC_LIMIT} MC labels); pools whose build would take over --max-build-minutes "
+            f"({QUICK_BUILD_MINUTES:.0f} with --quick) are skipped, saying what they cost"
+        ),
+    ] = False,
+    seeds: Annotated[int, typer.Option(help="random seeds per arm (first labelled set and head initialisation)")] = 5,
     arms: Annotated[str, typer.Option(help="comma-separated: random, actprm, epistemic, aleatoric, priority, full")] = (
         "random,actprm,epistemic,aleatoric,priority,full"
     ),
-    arith_questions: Annotated[int, typer.Option(help="arith pools: questions sampled per level (1-3)")] = 60,
+    arith_questions: Annotated[
+        int | None, typer.Option(help="arith pools: questions sampled per level (default 300; --quick 8)")
+    ] = None,
+    levels: Annotated[str, typer.Option(help="arith pools: curriculum levels, comma-separated")] = "1,2,3,4,5",
     mc_limit: Annotated[
-        int, typer.Option(help="arith-mc: pool-half solutions labelled by MC rollouts (once, cached)")
-    ] = 160,
+        int | None, typer.Option(help="arith-mc: pool-half solutions labelled by MC rollouts (default 160; --quick 24)")
+    ] = None,
     label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
     order: Annotated[
         str,
@@ -200,57 +216,85 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             "confident ones passed over)"
         ),
     ] = "rank",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="what samples and MC-labels pools the cache lacks: auto (vLLM if it can), vllm, transformers"
+        ),
+    ] = "auto",
+    max_build_minutes: Annotated[
+        float | None,
+        typer.Option(
+            help="skip pools whose build (sampling, MC, features) is estimated to take longer (default: none)"
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option(help="folder for the PNG of the learning curves")] = Path("out/bench-active"),
     threads: Annotated[int | None, typer.Option(help="torch CPU threads for the backbone and the sampler")] = None,
 ) -> None:
     """Learning curves of the ensemble PRM under each labelling order, against labels known to be true.
 
     Pool-based active learning: the pool half is labelled in each arm's order, the held-out half scores
-    (ProcessBench protocol). Sampled pools, MC labels and backbone features are computed once and cached
-    under $PRMLOOP_HOME (the first run of an arith pool samples SmolLM2; arith-mc also runs MC rollouts).
+    (ProcessBench protocol); actprm minus random gets a 95 % interval over the seeds (paired t and
+    bootstrap). Sampled pools, MC labels and backbone features are computed once and cached under
+    $PRMLOOP_HOME (an arith pool's first run samples SmolLM2 on the vLLM engine where it runs, else on
+    transformers; arith-mc also runs MC rollouts): what a build will cost is said before it starts.
     Progress goes to stderr; one JSON line to stdout.
     """
-    from prmloop.flows.bench.active import ActiveSettings, run_active
-    from prmloop.flows.bench.active import label_quality as quality
+    from prmloop.flows.bench.active import ActiveSettings
     from prmloop.flows.bench.active_pools import POOLS
+    from prmloop.flows.bench.active_run import bench_active
+    from prmloop.flows.bench.active_sampling import ENGINES
     from prmloop.flows.cli.app import err
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.store.settings import StateSettings
 
     if order not in ("rank", "filter"):
         raise typer.BadParameter(f"--order {order!r}: choose rank or filter")
+    if engine not in ENGINES:
+        raise typer.BadParameter(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
     names = list(POOLS) if pool == "all" else [pool]
     if any(name not in POOLS for name in names):
         raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
-    arm_names = tuple(a.strip() for a in arms.split(",") if a.strip())
-    ensemble = EnsembleConfig(threads=1, heads=16) if quick else EnsembleConfig(threads=1)
-    budgets = (0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
-    root = StateSettings().home / "bench" / "active"
+    try:
+        level_list = tuple(sorted({int(x) for x in levels.split(",") if x.strip()}))
+    except ValueError:
+        level_list = ()
+    if not level_list or not set(level_list) <= {1, 2, 3, 4, 5}:
+        raise typer.BadParameter(f"--levels {levels!r}: give curriculum levels 1-5, comma-separated")
+    settings = ActiveSettings(
+        arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
+        budgets=(0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75),
+        seeds=seeds,
+        ensemble=EnsembleConfig(threads=1, heads=16) if quick else EnsembleConfig(threads=1),
+        arith_questions=arith_questions or (QUICK_ARITH_QUESTIONS if quick else 300),
+        arith_levels=level_list,
+        mc_limit=mc_limit or (QUICK_MC_LIMIT if quick else 160),
+        threads=threads,
+        order=order,
+        engine=engine,
+    )
 
     def say(line: str) -> None:
         err.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    results: dict[str, object] = {}
-    for name in names:
-        settings = ActiveSettings(
-            pool=name,
-            arms=arm_names,
-            budgets=budgets,
-            seeds=seeds,
-            ensemble=ensemble,
-            arith_questions=arith_questions,
-            mc_limit=mc_limit,
-            threads=threads,
-            order=order,
+    try:
+        results = bench_active(
+            names,
+            settings,
+            root=StateSettings().home / "bench" / "active",
+            out_dir=out,
+            budget_minutes=max_build_minutes
+            if max_build_minutes is not None
+            else (QUICK_BUILD_MINUTES if quick else None),
+            with_label_quality=label_quality,
+            say=say,
         )
-        try:
-            results[name] = run_active(settings, root=root, out_dir=out, say=say)
-            if name == "arith-mc" and label_quality:
-                results["label_quality"] = quality(settings, root=root, say=say)
-        except ValueError as exc:
-            raise typer.BadParameter(str(exc)) from exc
-    line = results[names[0]] if len(names) == 1 and "label_quality" not in results else results
-    typer.echo(json.dumps({"bench": "active", "quick": quick, **line} if isinstance(line, dict) else line))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    one = len(names) == 1 and set(results) <= {names[0], "skipped"}
+    summary: dict[str, object] = {"bench": "active", "quick": quick}
+    summary |= results[names[0]] if one else results
+    typer.echo(json.dumps(summary))
 
 
 @bench_app.command("broker")

@@ -110,6 +110,11 @@ def test_a_small_run_gives_every_arm_a_curve_and_full_the_ceiling(
     }
     pool, held = split_pool(items)
     assert result["pool_solutions"] == len(pool) and result["held_out_solutions"] == len(held)
+    versus = result["actprm_vs_random"]  # paired by seed: the same first set, so the first budget ties
+    assert versus["seeds"] == 2 and [b["share"] for b in versus["f1_at_budget"]] == [0.3, 0.6]
+    aucs = {arm: result["arms"][arm]["auc"] for arm in ("actprm", "random")}
+    assert versus["auc"]["difference"] == pytest.approx(aucs["actprm"] - aucs["random"], abs=2e-4)
+    assert versus["advantage_survives"] == (versus["auc"]["ci"][0] > 0)
 
 
 def test_without_a_model_every_held_out_solution_counts_as_no_error() -> None:
