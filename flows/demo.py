@@ -162,7 +162,7 @@ def _summary(term: Terminal, r: dict[str, Any], ui: str | None, db: Path | str, 
 def _print_queries(console: Console, db: Path | str) -> None:
     from prmloop.store.duck import QueryError, StoreLocked, query
 
-    for title, sql in DEMO_QUERIES.items():
+    for title, sql in list(DEMO_QUERIES.items())[1:]:  # the first, the learning curve, is printed above
         try:
             result = query(db, sql, timeout_s=30)
         except (QueryError, StoreLocked, FileNotFoundError) as exc:

@@ -225,7 +225,8 @@ class Loop:
             self._committed.close()
         stop = [s for s in self.started_services if s not in keep]
         if stop:
-            down(stop, state=self.state, say=self.say)
+            # The annotator finishes the solutions in hand (rollouts: seconds each) before it commits.
+            down(stop, state=self.state, say=self.say, grace_s=45.0)
 
     # -- feeding -------------------------------------------------------------------------------------
     def waiting(self) -> int:
