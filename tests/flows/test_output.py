@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Sequence
 
 from rich.console import Console
 
@@ -100,7 +101,7 @@ LABEL_ROW = (
 )
 
 
-def _render(columns: list[str], rows: list[tuple[object, ...]], fmt: str, width: int) -> str:
+def _render(columns: list[str], rows: Sequence[Sequence[object]], fmt: str, width: int) -> str:
     out = io.StringIO()
     print_rows(columns, rows, fmt, console=Console(file=out, width=width), err=Console(file=io.StringIO()))
     return out.getvalue()
