@@ -289,7 +289,7 @@ def _check(
                         break
             results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
             restated = False
-            if step.wrong is None and roles is not None and answer is None:
+            if step.wrong is None and roles is not None:
                 nearby = steps[max(0, index - 1) : index + 1]
                 doubt = strictness in ("equations", "quantities")
                 restated = read_mentions(step, text, roles, nearby, results | next_results, doubt=doubt)
@@ -323,7 +323,7 @@ def _check(
             # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
             # result (of the chain or of this solution's equations), not a restated question number.
             for value in result_claims(text):
-                if value not in results and answer is None:
+                if value not in results and (answer is None or answer != value):
                     step.doubt(f"presents {_fmt(value)} as a result, but it is no result")
             prose_only = not equations and not stated and answer is None
             if prose_only and strictness != "lenient":

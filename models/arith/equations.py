@@ -239,15 +239,19 @@ class Mention:
         value: the number.
         before: the words of its sentence before it, nearest last (at most :data:`MENTION_WORDS`).
         after: the word right after it (``None``: punctuation or the end of the text comes first).
+        following: the words of its sentence after it, at most :data:`FOLLOWING_WORDS`.
     """
 
     value: Fraction
     before: tuple[str, ...]
     after: str | None
+    following: tuple[str, ...] = ()
 
 
 #: Words of a sentence kept before a mentioned number (a bound: the work stays linear in the text).
 MENTION_WORDS = 12
+#: Words of a sentence kept after a mentioned number ("16 more stickers than Sam sold").
+FOLLOWING_WORDS = 5
 _SENTENCE_END = frozenset(".!?;:\n")
 
 
@@ -271,9 +275,18 @@ def mentions(text: str) -> list[Mention]:
                 if kind == "word":
                     before.append(word)
                 j -= 1
-            following = raw[index + 1] if index + 1 < len(raw) else None
-            after = following[1] if following is not None and following[0] == "word" else None
-            found.append(Mention(token, tuple(reversed(before)), after))
+            nxt = raw[index + 1] if index + 1 < len(raw) else None
+            after = nxt[1] if nxt is not None and nxt[0] == "word" else None
+            rest: list[str] = []
+            j = index + 1
+            while j < len(raw) and j <= index + 3 * FOLLOWING_WORDS and len(rest) < FOLLOWING_WORDS:
+                kind, word = raw[j]
+                if kind == "other" and word in _SENTENCE_END:
+                    break
+                if kind == "word":
+                    rest.append(word)
+                j += 1
+            found.append(Mention(token, tuple(reversed(before)), after, tuple(rest)))
     return found
 
 
@@ -350,8 +363,8 @@ _RESULT_CUE_RE = re.compile(
     # a number after a cue word, in the same clause, not the start of an expression ...
     r"\b(?:total|left|now|in all|altogether|remaining|remain)\b[^.,;:!?\n]{0,40}?\$?"
     r"(\d+(?:\.\d+)?)(?![\d.]*\s*[+\-*/x×=])"
-    # ... or before one ("2 stickers left", "12 apples in total", "20 books now")
-    r"|(\d+(?:\.\d+)?)\s+(?:[a-z]+\s+)?(?:left|remaining|in all|altogether|in total|now)\b",
+    # ... or before one ("2 stickers left", "12 apples in total", "9 pencils are his now")
+    r"|(\d+(?:\.\d+)?)\s+(?:[a-z]+\s+){0,3}?(?:left|remaining|in all|altogether|in total|now)\b",
     flags=re.IGNORECASE,
 )
 

@@ -95,7 +95,14 @@ def read_equation(
             return []
         for value in results:
             parts.learn(value, vectors if verdict == "valid" else [None])
-        vouched = vouched or verdict == "valid"
+        if verdict == "valid" and not vouched:
+            vouched = any(parts.vouches(v) for v in vectors)
+            if not vouched:
+                step.doubt(
+                    f"{equation.text} is a correct part of the answer but no count the story reaches "
+                    "(an event left out, or the story reordered: not told apart)"
+                )
+                return results
     elif not vouched:
         mistaken = wrong_operation(equation, chain, counts, on_chain)
         if mistaken is not None:

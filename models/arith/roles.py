@@ -46,6 +46,7 @@ _FILLERS = frozenset(
 )
 _PRONOUNS = frozenset(("he", "she", "they"))
 _NEGATIONS = frozenset(("longer", "not", "no", "t", "never"))
+_COMPARING = frozenset(("than", "times", "fewer", "less"))
 #: Words after a number that name the question's items or leave them implied ("sells 5.", "6 of them").
 _IMPLIED = frozenset((None, "of", "more"))
 # Capitalised words that start sentences and are no person's name.
@@ -152,6 +153,8 @@ def read_mention(mention: Mention, main: str | None, items: str | None = None) -
         if verb == "have" and i and words[i - 1].lower() in _NEGATIONS:
             verb = "remove"  # "no longer has 6 of them", "does not have 6"
         break
+    if any(w.lower() in _COMPARING for w in mention.following):
+        verb = "compare"  # "found 16 more stickers than Sam sold": not the amount found
     subject: str | None = None
     others = False
     for i, word in enumerate(words):

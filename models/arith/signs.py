@@ -57,6 +57,8 @@ class Parts:
     signs: tuple[int, ...]
     values: tuple[Fraction, ...]
     constants: frozenset[Fraction]
+    start: int = 0
+    totals: frozenset[Vector] = frozenset()
     known: dict[Fraction, list[Candidate]] = field(default_factory=dict)
 
     @classmethod
@@ -79,7 +81,9 @@ class Parts:
         if wanted:
             return None  # the chain uses a number the question does not state
         values = tuple(Fraction(n) for n in chain.numbers)
-        parts = cls(tuple(signs), values, frozenset(Fraction(c) for c in constants) - set(values))
+        start = chain.numbers.index(steps[0].left)
+        parts = cls(tuple(signs), values, frozenset(Fraction(c) for c in constants) - set(values), start)
+        parts.totals = frozenset(parts.result_parts(chain).values())
         for i, value in enumerate(values):
             parts.known.setdefault(value, []).append(tuple(int(i == j) for j in range(len(values))))
         for constant in parts.constants:
@@ -99,6 +103,17 @@ class Parts:
             if k:
                 found.setdefault(Fraction(chain.steps[k - 1].result), tuple(running))
         return found
+
+    def vouches(self, vector: Vector) -> bool:
+        """Whether a signed part is vouched for as a step: a count the story reaches (a result of the
+        reference chain), or amounts taken together without the start ("3 + 4 bought", "16 + 1 given
+        away", "7 - 5 more than before"). A part with the start that is no such count (``2 + 9`` when
+        16 came between) is correct arithmetic that left an event out or reordered the story, not told
+        apart; one number alone got back by a computation (``5 - 1 = 4`` when 4 is the start) undoes a
+        step: neither is vouched for."""
+        if vector in self.totals:
+            return True
+        return vector[self.start] == 0 and sum(c != 0 for c in vector) >= 2
 
     def learn(self, value: Fraction, candidates: Sequence[Candidate]) -> None:
         """A value derived or stated, with the parts it may stand for."""
