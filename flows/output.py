@@ -265,8 +265,8 @@ def _label_lines(report: dict[str, Any]) -> list[str]:
         h = hours[-1]
         lines.append(
             f"per hour    {h['solutions']:,} solutions, {h['labels']:,} MC labels, {h['judged']:,} judged, "
-            f"{h['accepted']:,} accepted, {h['rejected']:,} rejected (the newest hour with events, "
-            f"{str(h['hour'])[:16]}; {len(hours)} such hours in the last 24)"
+            f"{h['accepted']:,} accepted, {h['rejected']:,} rejected (the hour from {str(h['hour'])[:16]}, "
+            "the newest with events)"
         )
     accepted, rejected = report.get("accepted", 0), report.get("rejected", 0)
     line = (
