@@ -302,3 +302,39 @@ def test_a_comparison_is_no_restatement_and_an_answer_step_s_false_claim_is_doub
     check = _check(pencils, problem, ["Ben has 9 pencils.", "So the answer is 9 - 2 = 7. 9 pencils are his now."])
     assert check.status == "unknown" and check.verdicts == ("verified", "unverified")
     assert _located(_check(pencils, problem, ["Ben has 9 pencils.", "So the answer is 9 - 2 = 7."])) is None
+
+
+def _brute_force_valid(chain: ArithChain, a: int, op: str, b: int) -> bool:
+    """The definition: some two different question numbers of values a and b whose ``a op b`` is a
+    signed part of the answer (each with its sign, or every sign flipped)."""
+    signs = []
+    pending = [(chain.steps[0].left, 1)] + [(s.right, 1 if s.op == "+" else -1) for s in chain.steps]
+    for n in chain.numbers:
+        match = next((k for k, (v, _) in enumerate(pending) if v == n), None)
+        signs.append(0 if match is None else pending.pop(match)[1])
+    if op not in ("+", "-"):
+        return False
+    return any(
+        i != j and (x, y) == (a, b) and signs[i] and signs[i] == (signs[j] if op == "+" else -signs[j])
+        for i, x in enumerate(chain.numbers)
+        for j, y in enumerate(chain.numbers)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(level=st.sampled_from([1, 2, 3]), seed=st.integers(0, 10_000), data=st.data())
+def test_the_signed_part_rule_agrees_with_its_definition(level: int, seed: int, data: st.DataObject) -> None:
+    from prmloop.models.arith.equations import find_equations
+    from prmloop.models.arith.signs import Parts
+
+    chain = generate_question(level, seed, 0).chain
+    a = data.draw(st.sampled_from(chain.numbers), label="a")
+    b = data.draw(st.sampled_from(chain.numbers), label="b")
+    op = data.draw(st.sampled_from("+-*/"), label="op")
+    assume(op != "/" or a % b == 0)  # a result written as a whole number
+    value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+    [equation] = find_equations(f"{a} {op} {b} = {value}")
+    parts = Parts.of(chain, {0, 1})
+    assert parts is not None
+    verdict, _, _ = parts.judge(equation)
+    assert verdict == ("valid" if _brute_force_valid(chain, a, op, b) else "invalid")
