@@ -7,7 +7,8 @@ LLM-as-a-judge and MC estimation show consensus on the error reasoning step loca
 
 1. both events cover the same steps (``"step counts differ: MC 5, judge 4"``);
 2. the judge gave a verdict on every step before its first error (on all when it found none): a
-   ``None`` there is not "no error" (``"judge gave no verdict on step k"``); a wrong one there would
+   ``None`` there is not "no error" (``"judge gave no verdict on step k"``, with the judge's reason
+   when it gave one: the exact checker says why it could not decide); a wrong one there would
    contradict its own ``first_error_step``;
 3. the first errors agree (``"first errors disagree: MC 2, judge 4"``; ``none``: no error);
 4. with ``entropy_threshold``, the judge's CoT entropy at its first error (the largest over its steps
@@ -153,7 +154,8 @@ def labels_decision(labeled: StepsLabeled, judged: StepsJudged, *, entropy_thres
         return Decision(False, f"judge's first error, step {first}, is outside its {m} verdicts")
     for k, verdict in enumerate(judged.verdicts[: m if first is None else first]):
         if verdict is None:
-            return Decision(False, f"judge gave no verdict on step {k}")
+            why = f" ({judged.reason})" if judged.reason else ""
+            return Decision(False, f"judge gave no verdict on step {k}{why}")
         if not verdict:
             return Decision(False, f"judge's verdicts contradict its first error {_step(first)}: step {k} is wrong")
     if labeled.first_error_step != first:

@@ -10,8 +10,10 @@ probability, CoT Entropy and its split, stopping at the first error unless ``--a
 ``critic`` (:class:`~prmloop.models.judge.judges.Critic`: the first wrong paragraph of the whole
 solution, the ProcessBench protocol) and ``exact``
 (:class:`~prmloop.models.arith.verifier.ExactVerifier`: no model, the arithmetic curriculum's step
-checker; undecidable solutions get no verdict, and so do solutions larger than the checker reads,
-with a warning that names the limit: see :mod:`prmloop.models.arith.limits`). A solution without
+checker, at ``--strictness quantities`` by default; an undecided solution gets verdicts only on the
+verified steps before the first it could not verify, and the checker's reason in ``reason``; so do
+solutions larger than the checker reads, with a warning that names the limit: see
+:mod:`prmloop.models.arith.limits`). A solution without
 steps or problem text is dead-lettered with the reason; a model server that cannot be reached is
 retried with backoff by the runtime, any other failure dead-letters the solution it happened on
 (``prmloop.store.poison``).
@@ -28,6 +30,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from prmloop.models.arith.checker import Strictness
 from prmloop.models.arith.verifier import ExactVerdict, ExactVerifier
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
@@ -65,6 +68,8 @@ PRODUCER = "prmloop.judge/1"
 #: The judge name of ``--method exact`` (the arithmetic curriculum's step checker).
 EXACT_JUDGE_NAME = "arith-exact-checker"
 JUDGE_GROUP = "prmloop-judge"
+#: Characters of a judge's reason kept in its verdict (the exact checker's reasons quote steps).
+_REASON_CHARS = 600
 
 
 class JudgeSettings(EngineSettings):
@@ -87,6 +92,11 @@ class JudgeSettings(EngineSettings):
     critic_samples: int = Field(default=1, ge=1, description="critic: 1 = greedy, more = majority vote")
     max_new_tokens: int = Field(default=256, ge=1, description="tokens per judgment")
     all_steps: bool = Field(default=False, description="stepwise: judge every step, not only up to the first error")
+    strictness: Strictness = Field(
+        default="quantities",
+        description="exact: which steps without an equation the checker vouches for: equations, quantities "
+        "(restatements in the question's own words), numbers or lenient",
+    )
     seed: int = Field(default=0, description="judge seed: the same solution and step give the same samples")
     group: str = Field(default=JUDGE_GROUP, description="consumer group; processes in one group share partitions")
     topic: str = Field(
@@ -118,7 +128,7 @@ def _step_judgments(judgment: SolutionJudgment) -> tuple[StepJudgment, ...]:
 
 def judged_event(
     scored: StepsScored,
-    outcome: SolutionJudgment | CriticVerdict,
+    outcome: SolutionJudgment | CriticVerdict | ExactVerdict,
     judge: ModelRef,
     *,
     method: str,
@@ -127,12 +137,25 @@ def judged_event(
 ) -> Envelope:
     """The ``StepsJudged`` of one solution with its deterministic id (solution, judge, method, parameters)."""
     n = len(scored.steps)
-    if isinstance(outcome, SolutionJudgment):
+    reason = None
+    verdicts: tuple[bool | None, ...]
+    judgments: tuple[StepJudgment, ...] = ()
+    step_entropy: tuple[float | None, ...] | None = None
+    if isinstance(outcome, ExactVerdict):
+        verdicts = outcome.verdicts if len(outcome.verdicts) == n else (None,) * n
+        first_error = outcome.first_error_step if outcome.decided else None
+        reason = None if outcome.decided else outcome.reason[:_REASON_CHARS]
+        cost = CostLedger(
+            verified_steps=len(outcome.step_reasons),
+            wall_time_s=outcome.wall_time_s,
+            failures={} if outcome.decided else {"undecided": 1},
+        )
+    elif isinstance(outcome, SolutionJudgment):
         verdicts = outcome.step_labels()
         first_error = outcome.first_error_step
         judgments = _step_judgments(outcome)
         entropy_by_step = {j.step_index: j.cot_entropy for j in judgments}
-        step_entropy: tuple[float | None, ...] | None = tuple(entropy_by_step.get(t) for t in range(n))
+        step_entropy = tuple(entropy_by_step.get(t) for t in range(n))
         cost = CostLedger(
             verified_steps=len(outcome.verdicts),
             generated_tokens=outcome.generated_tokens,
@@ -146,7 +169,6 @@ def judged_event(
             verdicts = (None,) * n
         else:
             verdicts = tuple(first_error is None or t < first_error for t in range(n))
-        judgments, step_entropy = (), None
         cost = CostLedger(
             verified_steps=n,
             generated_tokens=outcome.generated_tokens,
@@ -164,16 +186,10 @@ def judged_event(
         step_entropy=step_entropy,
         judgments=judgments,
         cost=cost,
+        reason=reason,
     )
     event_id = deterministic_event_id("StepsJudged", scored.solution_id, judge.model_dump(), method, parameters)
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)
-
-
-def _exact_outcome(verdict: ExactVerdict) -> CriticVerdict:
-    """The exact checker's verdict in the critic's shape (``"unparsed"``: undecided)."""
-    found: int | str | None = verdict.first_error_step if verdict.decided else "unparsed"
-    votes = {str(found): 1} if verdict.decided else {"unknown": 1}
-    return CriticVerdict(found, votes, 0, verdict.wall_time_s, 0 if verdict.decided else 1)
 
 
 class JudgeHandler:
@@ -212,7 +228,7 @@ class JudgeHandler:
                     # Not poison: a solution too large to check gets "undecided", like any it cannot read.
                     self.counts["beyond_limits"] += 1
                     log.warning("judge: %s left undecided: %s", scored.solution_id, verdict.reason)
-                outcome: SolutionJudgment | CriticVerdict = _exact_outcome(verdict)
+                outcome: SolutionJudgment | CriticVerdict | ExactVerdict = verdict
             else:
                 outcome = self.judge.judge(scored.problem, scored.steps)
             out.append(
@@ -225,8 +241,11 @@ class JudgeHandler:
                     causation_id=consumed.event.event_id,
                 )
             )
-            self.counts["generated_tokens"] += outcome.generated_tokens
-            self.counts["unparsed"] += outcome.unparsed
+            if isinstance(outcome, ExactVerdict):
+                self.counts["undecided"] += not outcome.decided
+            else:
+                self.counts["generated_tokens"] += outcome.generated_tokens
+                self.counts["unparsed"] += outcome.unparsed
         if out:
             self.publish(out)
         self.counts["judged"] += len(out)
@@ -261,7 +280,7 @@ def critic(settings: JudgeSettings, engine: JudgeEngine, *, max_new_tokens: int 
 def build_judge(settings: JudgeSettings) -> tuple[StepwiseJudge | Critic | ExactVerifier, ModelRef]:
     """The judge ``settings`` describe, on its backend (loaded once; ``exact`` loads no model)."""
     if settings.method == "exact":
-        return ExactVerifier(), ModelRef(backend="exact", name=EXACT_JUDGE_NAME)
+        return ExactVerifier(settings.strictness), ModelRef(backend="exact", name=EXACT_JUDGE_NAME)
     engine = build_backend(settings.backend_config())
     ref = ModelRef(backend=settings.backend, name=engine.model_name)
     judge = critic(settings, engine) if settings.method == "critic" else stepwise_judge(settings, engine)

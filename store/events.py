@@ -340,6 +340,9 @@ class StepsJudged(Payload):
     step_entropy: tuple[Real | None, ...] | None = Field(default=None, description="CoT entropy per step")
     judgments: tuple[StepJudgment, ...] = ()
     cost: CostLedger = Field(default_factory=CostLedger)
+    reason: str | None = Field(
+        default=None, description="the judge's reason in words, where it gives one (the exact checker's, why undecided)"
+    )
 
 
 class _ConsensusDecision(Payload):

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import duckdb
+
 from prmloop.store.duck import StoreLocation, open_reader
 
-__all__ = ["loop_metrics"]
+__all__ = ["label_quality", "loop_metrics"]
 
 _PER_HOUR = """
 SELECT date_trunc('hour', occurred_at) AS hour,
@@ -51,22 +53,75 @@ ORDER BY m.registered_at
 
 _MODEL_FIELDS = ("model_id", "base_model", "artifact_uri", "metrics", "registered_at")
 
+#: MC first errors against each judge's (the ``label_agreement`` view of projections.sql).
+_AGREEMENT = """
+SELECT judge_method, count(*), count(*) FILTER (WHERE judge_decided), count(*) FILTER (WHERE agree)
+FROM label_agreement GROUP BY 1 ORDER BY 1
+"""
+
+#: Rejections by reason, step numbers folded ("judge gave no verdict on step k"), the judge's own
+#: reasons in parentheses left out.
+_REJECTIONS = """
+SELECT regexp_replace(split_part(reason, ' (', 1), '[0-9]+', 'k', 'g') AS why, count(*)
+FROM consensus WHERE decision = 'rejected' GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 8
+"""
+
 
 def _rows(con: Any, sql: str) -> list[tuple[Any, ...]]:
     return list(con.execute(sql).fetchall())
 
 
+def label_quality(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
+    """How many labels consensus keeps and how often MC annotation and a judge agree: what the demo's
+    summary and ``prmloop status`` show.
+
+    ``acceptance_rate``: accepted / decided solutions. ``agreement``: per judge method, ``solutions``
+    with both an MC label and a verdict (the newest of each), ``decided`` (the judge gave a verdict
+    on every step before its first error), ``agree`` (of those, the same first error, or none on
+    both sides) and ``rate`` = agree / decided. ``mc_exact_agreement``: that rate for the exact
+    checker (``prmloop judge --method exact``), ``None`` until it has decided one. ``rejections``:
+    the most common reasons, step numbers written ``k``."""
+    with open_reader(db, timeout_s=timeout_s) as (con, _):
+        return _label_quality(con)
+
+
+def _label_quality(con: Any) -> dict[str, Any]:
+    decisions = dict(_rows(con, "SELECT decision, count(*) FROM consensus GROUP BY 1"))
+    accepted, rejected = int(decisions.get("accepted", 0)), int(decisions.get("rejected", 0))
+    agreement: dict[str, dict[str, Any]] = {}
+    try:
+        rows = _rows(con, _AGREEMENT)
+    except duckdb.CatalogException:
+        rows = []  # a store the sink has not opened since the view was added: no figures yet
+    for method, both, decided, agree in rows:
+        agreement[str(method)] = {
+            "solutions": int(both),
+            "decided": int(decided),
+            "agree": int(agree),
+            "rate": agree / decided if decided else None,
+        }
+    return {
+        "accepted": accepted,
+        "rejected": rejected,
+        "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
+        "agreement": agreement,
+        "mc_exact_agreement": agreement.get("exact", {}).get("rate"),
+        "rejections": {str(why): int(n) for why, n in _rows(con, _REJECTIONS)},
+    }
+
+
 def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
     """Events and labels per hour (the last 24 hours with events), the acceptance rate, generated
-    tokens per accepted label (annotation plus judging, sampling excluded), the learning curve (each
-    ensemble PRM's held-out F1 next to the labels and tokens spent by then), the PRM and the ensemble
-    PRM in force (the newest promoted of each kind) and the latest calibration."""
+    tokens per accepted label (annotation plus judging, sampling excluded), MC-vs-judge agreement and
+    the commonest rejections (:func:`label_quality`), the learning curve (each ensemble PRM's held-out
+    F1 next to the labels and tokens spent by then), the PRM and the ensemble PRM in force (the newest
+    promoted of each kind) and the latest calibration."""
     with open_reader(db, timeout_s=timeout_s) as (con, _):
         per_hour = [
             {"hour": str(h), "solutions": s, "labels": lab, "judged": j, "accepted": a, "rejected": r, "events": e}
             for h, s, lab, j, a, r, e in _rows(con, _PER_HOUR)
         ]
-        decisions = dict(_rows(con, "SELECT decision, count(*) FROM consensus GROUP BY 1"))
+        quality = _label_quality(con)
         cost = {
             source: {"tokens": int(t), "rollouts": int(r), "events": int(n)} for source, t, r, n in _rows(con, _COST)
         }
@@ -94,13 +149,11 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             "SELECT calibration_id, prm, score_rule, method, metrics, fitted_at FROM calibrations "
             "ORDER BY fitted_at DESC LIMIT 1",
         )
-    accepted, rejected = int(decisions.get("accepted", 0)), int(decisions.get("rejected", 0))
+    accepted = quality["accepted"]
     label_tokens = sum(c["tokens"] for c in cost.values())
     return {
         "per_hour": per_hour,
-        "accepted": accepted,
-        "rejected": rejected,
-        "acceptance_rate": accepted / (accepted + rejected) if accepted + rejected else None,
+        **quality,
         "label_tokens": label_tokens,
         "sampling_tokens": int(sampled[0]),
         "solutions": int(sampled[1]),

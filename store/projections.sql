@@ -249,3 +249,60 @@ SELECT
     event_id
 FROM events
 WHERE event_type = 'SolutionSelected';
+
+-- MC annotation against each judge, per solution: the newest MC first error (StepsLabeled), the newest
+-- verdict of each judge method, whether the judge decided (a verdict on every step before its first
+-- error, on every step when it found none: what consensus needs), whether the two first errors agree
+-- (NULL where the judge did not decide; no error on both sides agrees), and consensus's decision.
+CREATE OR REPLACE VIEW label_agreement AS
+WITH mc AS (
+    SELECT
+        payload->>'solution_id' AS solution_id,
+        payload->>'question_id' AS question_id,
+        TRY_CAST(payload->>'first_error_step' AS INTEGER) AS first_error_step
+    FROM events
+    WHERE event_type = 'StepsLabeled'
+    QUALIFY row_number() OVER (PARTITION BY payload->>'solution_id' ORDER BY occurred_at DESC, event_id DESC) = 1
+),
+judged AS (
+    SELECT
+        payload->>'solution_id' AS solution_id,
+        payload->>'method' AS method,
+        TRY_CAST(payload->>'first_error_step' AS INTEGER) AS first_error_step,
+        from_json(payload->'verdicts', '["BOOLEAN"]') AS verdicts,
+        payload->>'reason' AS reason
+    FROM events
+    WHERE event_type = 'StepsJudged'
+    QUALIFY row_number() OVER (
+        PARTITION BY payload->>'solution_id', payload->>'method' ORDER BY occurred_at DESC, event_id DESC
+    ) = 1
+),
+decided AS (
+    SELECT
+        *,
+        len(verdicts) > 0
+            AND coalesce(first_error_step, 0) < len(verdicts)
+            AND len(list_filter(
+                list_slice(verdicts, 1, coalesce(first_error_step, len(verdicts))), v -> v IS NULL
+            )) = 0 AS judge_decided
+    FROM judged
+),
+decisions AS (
+    SELECT solution_id, decision, reason
+    FROM consensus
+    QUALIFY row_number() OVER (PARTITION BY solution_id ORDER BY occurred_at DESC, event_id DESC) = 1
+)
+SELECT
+    mc.solution_id,
+    mc.question_id,
+    mc.first_error_step AS mc_first_error,
+    d.method AS judge_method,
+    d.first_error_step AS judge_first_error,
+    d.judge_decided,
+    CASE WHEN d.judge_decided THEN mc.first_error_step IS NOT DISTINCT FROM d.first_error_step END AS agree,
+    d.reason AS judge_reason,
+    c.decision,
+    c.reason AS decision_reason
+FROM mc
+JOIN decided d USING (solution_id)
+LEFT JOIN decisions c USING (solution_id);

@@ -124,7 +124,7 @@ _KIND_NAMES = {"prm": "the LoRA PRM", "prm_ensemble": "the ensemble PRM the sele
 @models_app.command("list")
 def list_models(
     db: DbOption = None,
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (per kind), csv or json")] = (
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="table (per kind), records, csv or json")] = (
         OutputFormat.table
     ),
 ) -> None:

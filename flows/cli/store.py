@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals, store_label
-from prmloop.flows.output import OutputFormat, print_rows
+from prmloop.flows.output import OutputFormat, print_rows, print_status
 from prmloop.store.broker import EmbeddedBroker, require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
@@ -136,7 +137,14 @@ def sql(
         typer.Argument(help="read-only SQL: SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of them"),
     ],
     db: DbOption = None,
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="output format")] = OutputFormat.table,
+    fmt: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table (one block per record when the columns do not fit the terminal), records, csv or json",
+        ),
+    ] = OutputFormat.table,
     timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
 ) -> None:
     """Query the label history with SQL, also while the pipeline runs. Never modifies anything: only
@@ -165,14 +173,19 @@ def status(
     timeout: Annotated[
         float, typer.Option(help="seconds to wait while the sink holds the file, and for the brokers' answers")
     ] = 30.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="one JSON object (the default when stdout is not a terminal)")
+    ] = False,
 ) -> None:
     """How the loop is doing: the services `prmloop up` started (running, or dead with their last log
     line; which broker each Kafka service reads from), the processes of `prmloop up --cluster` (the
     same, and the cluster's brokers and store are read when neither KAFKA_BOOTSTRAP_SERVERS nor
     PRMLOOP_STORE says otherwise), the broker, consumer lag per topic, dead letters per topic (count,
     newest error type), events per topic and type, solutions/labels per hour, acceptance rate, tokens per
-    accepted label, current PRM and calibration, conflicting duplicates, the last ingestion. A broker or
-    store that cannot be read is said so; the rest is still reported. One JSON object."""
+    accepted label, MC-vs-judge agreement and the commonest rejections, the PRM in force (ensemble or
+    LoRA), the learning curve and the latest calibration, conflicting duplicates, the last ingestion. A
+    broker or store that cannot be read is said so; the rest is still reported. A few readable lines on
+    a terminal; one JSON object with --json or when piped."""
     from prmloop.flows.cluster import cluster_connection, cluster_report
     from prmloop.flows.stack import service_report
     from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, read_broker_file
@@ -207,7 +220,10 @@ def status(
     else:
         report["consumers"] = report["dead_letters"] = "no broker reachable (prmloop up, or KAFKA_BOOTSTRAP_SERVERS)"
     report.update(_store_status(_reading_store(db, cluster), timeout))
-    typer.echo(json.dumps(report, default=str))
+    if as_json or not sys.stdout.isatty():
+        typer.echo(json.dumps(report, default=str))
+    else:
+        print_status(json.loads(json.dumps(report, default=str)))
 
 
 def _reading_store(db: str | None, cluster: dict[str, str] | None) -> Path | str:

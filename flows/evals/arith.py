@@ -13,8 +13,9 @@ and :func:`~prmloop.models.grading.grade`) and runs the exact checker
 Per level it reports: ``accuracy`` (correct solutions / sampled), ``pass_at_k`` (questions with at
 least one correct solution: the ones MC annotation can label), ``exact_first_error_fraction`` (among
 solutions that are not correct, the fraction whose first wrong step the checker locates exactly),
-``exact_first_error_fraction_numbers`` / ``_lenient`` (the same under the checker's looser readings,
-which locate more errors and fewer of them right; see :func:`~prmloop.models.arith.check_steps`),
+``exact_first_error_fraction_quantities`` (the exact judge's reading: restatements in the question's
+words vouched for) and ``_numbers`` / ``_lenient`` (looser readings, which locate more errors and
+fewer of them right; see :func:`~prmloop.models.arith.check_steps`),
 ``exact_all_correct_fraction`` (among correct ones, the fraction the checker verifies step by step),
 ``mean_steps`` and ``tokens_per_s`` (completion tokens over generation wall time).
 
@@ -157,7 +158,7 @@ def measure_arith_levels(
                             "steps": steps,
                             "answer": answer,
                             "correct": correct,
-                            **_check_fields(chain, steps),
+                            **_check_fields(chain, steps, question.problem),
                             "tokens": completion.completion_tokens,
                             "finish_reason": completion.finish_reason,
                         }
@@ -200,10 +201,11 @@ def measure_arith_levels(
     }
 
 
-def _check_fields(chain: Any, steps: list[str]) -> dict[str, Any]:
+def _check_fields(chain: Any, steps: list[str], problem: str | None = None) -> dict[str, Any]:
     """The checker's verdict as report fields: the default (``strictness="equations"``) and, with a
-    suffix, the looser ``numbers`` and ``lenient`` readings (see :func:`~prmloop.models.arith.check_steps`)."""
-    check = check_steps(chain, steps)
+    suffix, ``quantities`` (the exact judge's: restatements held to ``problem``'s words) and the looser
+    ``numbers`` and ``lenient`` readings (see :func:`~prmloop.models.arith.check_steps`)."""
+    check = check_steps(chain, steps, problem=problem)
     fields: dict[str, Any] = {
         "check_status": check.status,
         "first_error_step": check.first_error_step,
@@ -211,8 +213,8 @@ def _check_fields(chain: Any, steps: list[str]) -> dict[str, Any]:
         "check_reason": check.reason,
         "verdicts": list(check.verdicts),
     }
-    for strictness in ("numbers", "lenient"):
-        other = check_steps(chain, steps, strictness=strictness)
+    for strictness in ("quantities", "numbers", "lenient"):
+        other = check_steps(chain, steps, strictness=strictness, problem=problem)
         fields[f"check_status_{strictness}"] = other.status
         fields[f"first_error_step_{strictness}"] = other.first_error_step
     return fields
@@ -228,8 +230,8 @@ def recheck(result: dict[str, Any]) -> dict[str, Any]:
     rows = [dict(row) for row in result["solutions"]]
     for row in rows:
         _, level, seed, index = row["question_id"].split("/")
-        chain = generate_question(int(level.removeprefix("L")), int(seed), int(index)).chain
-        row.update(_check_fields(chain.to_json(), row["steps"]))
+        question = generate_question(int(level.removeprefix("L")), int(seed), int(index))
+        row.update(_check_fields(question.chain.to_json(), row["steps"], question.problem))
     summaries = []
     for old in result["levels"]:
         level_rows = [row for row in rows if row["level"] == old["level"]]
@@ -261,7 +263,7 @@ def _summarise(
             r.get(f"check_status_{strictness}") == "exact" and r.get(f"first_error_step_{strictness}") is not None
             for r in not_correct
         )
-        for strictness in ("numbers", "lenient")
+        for strictness in ("quantities", "numbers", "lenient")
     }
     solved = {r["question_id"] for r in correct}
     return {
@@ -277,6 +279,7 @@ def _summarise(
         "no_answer": len(not_correct) - len(wrong_answer),
         "exact_first_error": len(located),
         "exact_first_error_fraction": _rate(len(located), len(not_correct)),
+        "exact_first_error_fraction_quantities": _rate(located_by["quantities"], len(not_correct)),
         "exact_first_error_fraction_numbers": _rate(located_by["numbers"], len(not_correct)),
         "exact_first_error_fraction_lenient": _rate(located_by["lenient"], len(not_correct)),
         "exact_first_error_fraction_wrong_answer": _rate(

@@ -23,8 +23,10 @@ Two parts, both pure (no I/O, no model):
 What "provably" means here (see :func:`check_steps` for the rules; the checker reads quantities, not
 words, so a step that states no number is neutral by default): a step is *wrong* if it contains a
 false equation, uses in an equation a number that is neither in the question, nor derived before, nor
-a small constant, states a number that no single operation on known numbers gives, or states a final
-answer other than the gold one. A step is *verified* if it is not wrong and every number it derives or
+a small constant, writes an operation no correct solution writes (:mod:`~prmloop.models.arith.signs`),
+gives a question number a role the question gives another (:mod:`~prmloop.models.arith.roles`),
+states a number that no single operation on known numbers gives, or states a final answer other than
+the gold one. A step is *verified* if it is not wrong and every number it derives or
 states is on the reference chain (a number of the question or a reference intermediate result). Any
 other step (true arithmetic that leaves the reference chain: a regrouping such as ``4 + 5 = 9`` before
 adding to 3, or a wrong operation) is *unverified*: it may be right or wrong, so an error after it is

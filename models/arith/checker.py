@@ -10,13 +10,11 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from prmloop.models.answers import extract_answer
-from prmloop.models.arith.curriculum import DEFAULT_CONSTANTS, ArithChain, ChainStep
+from prmloop.models.arith.curriculum import DEFAULT_CONSTANTS, ArithChain
 from prmloop.models.arith.equations import (
-    Equation,
     bare_expression_values,
     evaluate,
     find_equations,
-    has_operator,
     number_words,
     result_claims,
     runs,
@@ -24,12 +22,17 @@ from prmloop.models.arith.equations import (
     stated_numbers,
 )
 from prmloop.models.arith.limits import BeyondLimits, ReadingBudget
+from prmloop.models.arith.reading import StepReading, read_equation, read_mentions
+from prmloop.models.arith.roles import QuestionRoles
+from prmloop.models.arith.signs import Parts
 
 # --------------------------------------------------------------------------------------------------
 # The checker
 # --------------------------------------------------------------------------------------------------
 
 StepVerdict = Literal["verified", "wrong", "unverified"]
+#: Which steps without an equation the checker vouches for (see :func:`check_steps`).
+Strictness = Literal["equations", "quantities", "numbers", "lenient"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,8 @@ class StepCheck:
         chars_read: characters of the solution scanned (its work is linear in them).
         pairs_tried: pairs of numbers tried for a single operation that gives a stated number (the
             only part of the work that is not linear; bounded by the limits).
+        step_reasons: one per entry of ``verdicts``: ``"verified"``, why the step could not be
+            verified, or why it is wrong.
     """
 
     status: Literal["exact", "unknown"]
@@ -64,6 +69,7 @@ class StepCheck:
     beyond_limits: bool = False
     chars_read: int = 0
     pairs_tried: int = 0
+    step_reasons: tuple[str, ...] = field(default=())
 
     @property
     def exact(self) -> bool:
@@ -72,25 +78,6 @@ class StepCheck:
 
 def _as_chain(chain: ArithChain | Mapping[str, Any]) -> ArithChain:
     return chain if isinstance(chain, ArithChain) else ArithChain.from_json(chain)
-
-
-def _single_operation(equation: Equation) -> tuple[str, Fraction, Fraction] | None:
-    """``(op, a, b)`` when the equation computes one operation ``a op b`` (``2(5)`` is ``*``)."""
-    operands = equation.operands()
-    if len(operands) != 2:
-        return None
-    side = next(side for side in equation.sides if has_operator(side))
-    ops = [t for t in side[1:] if t in ("+", "-", "*", "/")]
-    return (str(ops[0]) if ops else "*", operands[0], operands[1])
-
-
-def _same_operation(single: tuple[str, Fraction, Fraction], step: ChainStep) -> bool:
-    """Whether ``a op b`` is the chain step (either order for ``+`` and ``*``)."""
-    op, a, b = single
-    left, right = Fraction(step.left), Fraction(step.right)
-    if op != step.op:
-        return False
-    return (a, b) == (left, right) or (op in ("+", "*") and (b, a) == (left, right))
 
 
 def _one_operation_gives(target: Fraction, counts: Counter[Fraction], budget: ReadingBudget) -> bool:
@@ -147,6 +134,9 @@ def _final_answer(text: str) -> Fraction | Literal["unparsed"] | None:
     value = evaluate([t for tokens in runs(answer) for t in tokens]) if numbers else None
     if value is None and len(numbers) == 1:
         value = numbers[0]
+    equations = find_equations(answer)
+    if value is None and len(equations) == 1 and equations[0].holds:
+        value = equations[0].results()[0]  # "The final answer is: 9 + 10 = 19 apples"
     return "unparsed" if value is None else value
 
 
@@ -155,60 +145,64 @@ def check_steps(
     steps: Sequence[str],
     *,
     constants: Iterable[int] = DEFAULT_CONSTANTS,
-    strictness: Literal["equations", "numbers", "lenient"] = "equations",
+    strictness: Strictness = "equations",
+    problem: str | None = None,
 ) -> StepCheck:
     """Find the first wrong step of a solution to an arithmetic question, exactly, or say "unknown".
 
     ``question_chain`` is the question's :class:`ArithChain` (or its JSON form, as stored in a
     question's metadata under ``chain``); ``steps`` are the solution's steps as free text, with or
-    without ``Step k:`` labels.
+    without ``Step k:`` labels; ``problem``, the question's text, lets the checker hold numbers
+    written in prose to the question's own words (:mod:`prmloop.models.arith.roles`).
 
     Each step, in order, is:
 
     - *wrong* if it has a false equation (``3 * 4 = 13``; all sides are evaluated exactly with
       fractions), or an equation that uses a number that is not *known* (known = the question's
       numbers, the results of earlier equations and numbers earlier steps stated, and ``constants``),
-      or it states, outside any equation, a number that is not known and that no single operation on
-      two known numbers gives (an invented number), or it states a final answer other than the gold
-      one (``The final answer is: 8``, ``\\boxed{8}``);
+      or an operation no correct solution writes (where the question only adds and subtracts: a
+      product of its quantities, a number added that it takes away, a quantity used twice, 1 added
+      from nowhere, see :mod:`prmloop.models.arith.signs`; otherwise another operation on a reference
+      step's own operands, ``4 + 3`` for ``4 * 3``), or it states, outside any equation, a number that
+      is not known and that no single operation on two known numbers gives (an invented number), or
+      it gives a question number a role the question gives other numbers ("Ben finds 2 more" when he
+      has 2 and finds 3; needs ``problem``), or it states a final answer other than the gold one
+      (``The final answer is: 8``, ``\\boxed{8}``);
     - *verified* if it is not wrong, every equation with one operation is a step of the reference
-      chain (same operation, same operands, either order for ``+`` and ``*``) whose operands are at
-      hand, every longer expression reaches a value of the chain, and
-      every number it
-      states without one is a number of the question, an earlier result, or the result of a
-      reference step whose operands are already known (a value stated before it can be had, such as
-      the final answer in the first step, or a bare constant such as "0 cookies", is not vouched for);
-    - *unverified* otherwise (correct arithmetic that leaves the reference chain: a valid regrouping
-      or a wrong operation, which arithmetic alone cannot tell apart; an expression written without
-      a result, such as ``3 + 1 books``, counts as deriving its value; so does a number presented as
-      an outcome, "the total is 5", "I'll have 2 left", "she now has 4", when it is a question number
-      rather than a result).
+      chain whose operands are at hand (or, where the question only adds and subtracts, any signed
+      part of the answer: ``15 + 7`` before taking 5 away), every longer expression reaches a value
+      of the chain, and every number it states without one is a number of the question, an earlier
+      result, or the next result of the chain (a value stated before it can be had, or a bare
+      constant such as "0 cookies", is not vouched for), and ``strictness`` vouches for it (below);
+    - *unverified* otherwise, with the reason (``step_reasons``): correct arithmetic that leaves the
+      reference chain where the question multiplies or shares (a regrouping or a slip, not told
+      apart), an expression without a result off the chain (``3 + 1 books``), a question number
+      presented as an outcome ("the total is 5", "she now has 4"), a number in words, a restatement
+      the strictness does not vouch for.
 
     Verdict: the first wrong step is the first error, ``status="exact"``, when every step before it is
     verified; if an unverified step comes first, ``status="unknown"`` (``wrong_step`` still says where
     the first provable error is). With no wrong step: ``first_error_step=None`` and ``"exact"`` when
-    every step is verified, the gold answer is stated and at least one equation was read;
-    ``"unknown"`` otherwise (no equation at all, no answer stated, or an unverified step).
+    every step is verified and the gold answer is stated (and, but at ``"quantities"``, at least one
+    equation was read); ``"unknown"`` otherwise.
 
-    What the checker does not see, and ``strictness``. It checks quantities, not words, so a sentence
-    can be false with every number in it right ("Ella has 30 cards" when Anna has them, "she is 3
-    years old" when she is 9). Which steps without an equation it vouches for is therefore a choice:
+    What the checker does not see, and ``strictness``. It checks quantities, not meaning, so a
+    sentence can be false with every number in it right ("Ella has 30 cards" when Anna has them).
+    Which steps without an equation it vouches for is therefore a choice:
 
-    - ``"equations"`` (default): only a step with an equation (all of its equations true, operands
-      at hand, results on the chain) or one that states the gold answer is verified; restatements
-      and prose are unverified. An error is located exactly only after steps that each showed
-      correct work, or in the first step.
+    - ``"equations"`` (default): only a step with an equation or one that states the gold answer;
+    - ``"quantities"`` (the exact judge's): also a step whose every prose number says what the
+      question says of it (same verb family, next word, person: "Emma has 5 shells.", "She finds 3
+      more.") or is a result that can be had by now ("He has 8 apples now."); needs ``problem``;
     - ``"numbers"``: also a step whose stated numbers are all question numbers or results that can
-      be had by now; a step with no number at all is unverified.
+      be had by now, in any words; a step with no number at all is unverified;
     - ``"lenient"``: also a step with no number at all ("the first arithmetic error").
 
     Measured on SmolLM2-135M's step_k solutions to levels 1-5 (240 solutions, 231 not correct; the
-    located errors checked by hand, see ``flows/evals/arith.py``): ``"equations"`` located 22, of
-    which 21 were the true first error (20 of the 22 are in step 0, where any located error is the
-    first); ``"numbers"`` located 46, of which about two in three were right in a hand check (the
-    misses: an earlier sentence that misuses question numbers, "Ella has 30 cards" when Anna has
-    them); ``"lenient"`` located 91, fewer of them right. Number words (``two``, ``twelve``) are not
-    read as numbers; a step with one that is not on the chain is unverified.
+    located errors checked by hand, see ``flows/evals/arith.py``), before the operation and role
+    rules: ``"equations"`` located 22, of which 21 were the true first error; ``"numbers"`` 46, about
+    two in three right (the misses: an earlier sentence that misuses question numbers); ``"lenient"``
+    91, fewer of them right. The README's exact-judge section has the figures with the rules.
 
     Numbers are read with ``1,000`` -> 1000, ``$5`` -> 5, ``5.0`` -> 5; ``x``, ``×``, ``*``,
     ``\\times``, ``\\cdot`` multiply; ``÷``, ``/`` and ``\\div`` divide; ``Step 3:`` labels and
@@ -221,144 +215,177 @@ def check_steps(
     characters read, and a step is measured before it is read.
     """
     budget = ReadingBudget()
-    check = _check(_as_chain(question_chain), steps, constants, strictness, budget)
+    check = _check(
+        _as_chain(question_chain), steps, constants=constants, strictness=strictness, budget=budget, problem=problem
+    )
     return replace(check, chars_read=budget.chars_read, pairs_tried=budget.pairs_tried)
 
 
 def _check(
     chain: ArithChain,
     steps: Sequence[str],
+    *,
     constants: Iterable[int],
-    strictness: Literal["equations", "numbers", "lenient"],
+    strictness: Strictness,
     budget: ReadingBudget,
+    problem: str | None,
 ) -> StepCheck:
     gold = Fraction(chain.answer)
     allowed = {Fraction(c) for c in constants}
     on_chain = {Fraction(n) for n in chain.numbers} | {Fraction(r) for r in chain.results} | allowed
     question_numbers = {Fraction(n) for n in chain.numbers}
     known = question_numbers | allowed
+    parts = Parts.of(chain, allowed)
+    result_parts = parts.result_parts(chain) if parts is not None else {}
+    totals = {Fraction(chain.steps[0].left)} | {Fraction(r) for r in chain.results}
+    roles = QuestionRoles.from_problem(problem, linear=parts is not None, totals=totals) if problem else None
+    counts: Counter[Fraction] = Counter(Fraction(n) for n in chain.numbers)
     verdicts: list[StepVerdict] = []
+    reasons: list[str] = []
     first_unverified: int | None = None
     equation_count = 0
     answer_stated = False
     index = 0
     try:
-        for index, step in enumerate(steps):
-            budget.admit(step)
-            equations = find_equations(step)
+        for index, text in enumerate(steps):
+            budget.admit(text)
+            step = StepReading(index)
+            equations = find_equations(text)
             equation_count += len(equations)
-            wrong: str | None = None
             derived: list[Fraction] = []
-            unreadable = False
-            off_chain: list[Fraction] = []
             for equation in equations:
-                if None in equation.values():
-                    # A side that is not a well-formed expression ("10 2 * 39"): read wrongly, so no verdict.
-                    unreadable = True
-                    continue
-                if not equation.holds:
-                    values = ", ".join("?" if v is None else _fmt(v) for v in equation.values())
-                    wrong = f"step {index}: false equation {equation.text} (sides evaluate to {values})"
-                    break
-                unknown = [n for n in equation.operands() if n not in known and n not in derived]
-                if unknown:
-                    wrong = (
-                        f"step {index}: {equation.text} uses {_fmt(unknown[0])}, "
-                        "which is neither in the question nor derived"
+                derived.extend(
+                    read_equation(
+                        step,
+                        equation,
+                        chain=chain,
+                        known=known,
+                        derived=derived,
+                        parts=parts,
+                        counts=counts,
+                        on_chain=on_chain,
                     )
-                    break
-                # One operation must be a step of the reference chain whose operands are at hand
-                # ("3 * 3 = 9" is not, when 9 is the answer of 3 * 4 - 3); a longer expression may
-                # reach any value of the chain ("3 + 4 + 5 = 12").
-                have = known | set(derived)
-                at_hand = [c for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= have]
-                single = _single_operation(equation)
-                vouched = (
-                    any(_same_operation(single, c) for c in at_hand)
-                    if single is not None
-                    else all(r in on_chain for r in equation.results())
                 )
-                if not vouched:
-                    off_chain.extend(equation.results())
-                derived.extend(equation.results())
-            answer = _final_answer(step)
-            stated = [] if answer is not None else stated_numbers(step)
-            if wrong is None and answer is not None and answer != "unparsed":
+                if step.wrong:
+                    break
+            answer = _final_answer(text)
+            stated = [] if answer is not None else stated_numbers(text)
+            if step.wrong is None and answer is not None and answer != "unparsed":
                 answer_stated = True
                 if answer != gold:
-                    wrong = f"step {index}: states the final answer {_fmt(answer)}, but the answer is {_fmt(gold)}"
+                    step.wrong = f"step {index}: states the final answer {_fmt(answer)}, but the answer is {_fmt(gold)}"
             # A number stated without an equation is vouched for only if it could be had by now: a
             # question number, an earlier result, or the next result of the reference chain.
             so_far = known | set(derived)
             next_results = {Fraction(c.result) for c in chain.steps if {Fraction(c.left), Fraction(c.right)} <= so_far}
-            if wrong is None:
+            if step.wrong is None:
                 pool = [Fraction(n) for n in chain.numbers] + [k for k in so_far if k not in question_numbers | allowed]
-                counts = Counter(pool)
+                pool_counts = Counter(pool)
                 for number in stated:
                     if number in known or number in derived or number in next_results:
                         continue
-                    if not _one_operation_gives(number, counts, budget):
-                        wrong = f"step {index}: states {_fmt(number)}, which no operation on known numbers gives"
+                    if not _one_operation_gives(number, pool_counts, budget):
+                        step.wrong = f"step {index}: states {_fmt(number)}, which no operation on known numbers gives"
                         break
-            if wrong is not None:
+            results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
+            restated = False
+            if step.wrong is None and roles is not None:
+                nearby = steps[max(0, index - 1) : index + 1]
+                doubt = strictness in ("equations", "quantities")
+                restated = read_mentions(step, text, roles, nearby, results | next_results, doubt=doubt)
+            if step.wrong is not None:
                 verdicts.append("wrong")
+                reasons.append(step.wrong)
                 if first_unverified is None:
-                    return StepCheck("exact", index, wrong, tuple(verdicts), index, equation_count)
-                return StepCheck(
+                    return _done(
+                        "exact", index, step.wrong, verdicts, reasons, wrong_step=index, equations=equation_count
+                    )
+                return _done(
                     "unknown",
                     None,
-                    f"{wrong}; but step {first_unverified} before it could not be verified",
-                    tuple(verdicts),
-                    index,
-                    equation_count,
+                    f"{step.wrong}; but step {first_unverified} before it could not be verified "
+                    f"({reasons[first_unverified]})",
+                    verdicts,
+                    reasons,
+                    wrong_step=index,
+                    equations=equation_count,
                 )
             stateable = ((known - allowed) | question_numbers | set(derived) | next_results) - (
                 allowed - question_numbers
             )
-            fresh = off_chain + [n for n in bare_expression_values(step) if n not in on_chain]
-            words = [n for n in number_words(step) if n not in allowed]  # "one of them" claims nothing
-            fresh += [n for n in (*stated, *words) if n not in stateable]
+            for value in bare_expression_values(text):
+                if value not in on_chain:
+                    step.doubt(f"writes an expression worth {_fmt(value)} without a result, off the reference chain")
+            for value in [n for n in stated if n not in stateable]:
+                step.doubt(f"states {_fmt(value)} before it can be had")
+            for value in [n for n in number_words(text) if n not in allowed and n not in stateable]:
+                step.doubt(f"writes a number in words ({_fmt(value)}), which the checker does not read")
             # "The total is 5", "I'll have 2 left", "she now has 4": a count claimed as a result must be a
             # result (of the chain or of this solution's equations), not a restated question number.
-            results = {Fraction(r) for r in chain.results} | (known - question_numbers - allowed) | set(derived)
-            fresh += [n for n in result_claims(step) if n not in results and answer is None]
+            for value in result_claims(text):
+                if value not in results and (answer is None or answer != value):
+                    step.doubt(f"presents {_fmt(value)} as a result, but it is no result")
             prose_only = not equations and not stated and answer is None
-            unchecked = {
-                "lenient": False,
-                "numbers": prose_only,
-                # Only an equation, or the gold answer, vouches for a step: restatements do not.
-                "equations": not equations and answer is None,
-            }[strictness]
-            if fresh or unreadable or unchecked:
+            if prose_only and strictness != "lenient":
+                step.doubt("states no number: nothing to check")
+            elif not equations and answer is None and strictness == "equations":
+                step.doubt("a restatement (at strictness 'equations' only an equation or the answer vouch for a step)")
+            elif not equations and answer is None and strictness == "quantities" and not restated:
+                step.doubt("restates numbers in words the checker cannot match to the question's")
+            if step.doubts:
                 verdicts.append("unverified")
+                reasons.append("; ".join(step.doubts))
                 if first_unverified is None:
                     first_unverified = index
             else:
                 verdicts.append("verified")
+                reasons.append("verified")
             known.update(derived)
             known.update(stated)
+            counts.update(derived)
+            counts.update(n for n in stated if n not in question_numbers)
+            if parts is not None:
+                for value in stated:
+                    if value in result_parts:
+                        parts.learn(value, [result_parts[value]])
+                    elif value not in question_numbers or not restated:
+                        parts.learn(value, [None])
     except BeyondLimits as error:
-        return StepCheck(
-            "unknown", None, f"step {index}: cannot decide: {error}", tuple(verdicts), None, equation_count, True
-        )
+        reason = f"step {index}: cannot decide: {error}"
+        return _done("unknown", None, reason, verdicts, reasons, equations=equation_count, beyond_limits=True)
 
     if not steps:
         return StepCheck("unknown", None, "no steps to check", (), None, 0)
-    if equation_count == 0:
-        return StepCheck("unknown", None, "no equation in any step: nothing to verify", tuple(verdicts), None, 0)
+    if equation_count == 0 and strictness != "quantities":
+        return _done("unknown", None, "no equation in any step: nothing to verify", verdicts, reasons, equations=0)
     if first_unverified is not None:
-        return StepCheck(
+        return _done(
             "unknown",
             None,
-            f"no provably wrong step, but step {first_unverified} leaves the reference chain",
-            tuple(verdicts),
-            None,
-            equation_count,
+            f"no provably wrong step, but step {first_unverified} could not be verified ({reasons[first_unverified]})",
+            verdicts,
+            reasons,
+            equations=equation_count,
         )
     if not answer_stated:
-        return StepCheck(
-            "unknown", None, "every step verified, but no final answer is stated", tuple(verdicts), None, equation_count
-        )
+        reason = "every step verified, but no final answer is stated"
+        return _done("unknown", None, reason, verdicts, reasons, equations=equation_count)
+    return _done(
+        "exact", None, "every step verified and the gold answer stated", verdicts, reasons, equations=equation_count
+    )
+
+
+def _done(
+    status: Literal["exact", "unknown"],
+    first: int | None,
+    reason: str,
+    verdicts: list[StepVerdict],
+    reasons: list[str],
+    *,
+    wrong_step: int | None = None,
+    equations: int,
+    beyond_limits: bool = False,
+) -> StepCheck:
     return StepCheck(
-        "exact", None, "every step verified and the gold answer stated", tuple(verdicts), None, equation_count
+        status, first, reason, tuple(verdicts), wrong_step, equations, beyond_limits, step_reasons=tuple(reasons)
     )

@@ -86,8 +86,17 @@ class Equation:
         return None not in values and len(set(values)) == 1
 
     def operands(self) -> list[Fraction]:
-        """Numbers in sides that compute something (a side with an operator)."""
-        return [t for side in self.sides if has_operator(side) for t in side if isinstance(t, Fraction)]
+        """Numbers in sides that compute something (a side with an operator); a number after a sign
+        (``-2 + 7``, ``3 * -2``) is negative."""
+        found = []
+        for side in self.sides:
+            if not has_operator(side):
+                continue
+            for i, token in enumerate(side):
+                if isinstance(token, Fraction):
+                    signed = i >= 1 and side[i - 1] == "-" and (i == 1 or side[i - 2] in ("+", "-", "*", "/", "("))
+                    found.append(-token if signed else token)
+        return found
 
     def results(self) -> list[Fraction]:
         """The value every side shares, when the equation holds."""
@@ -191,30 +200,94 @@ def runs(text: str) -> list[list[str | Fraction]]:
         BeyondLimits: a run of more than :data:`~prmloop.models.arith.limits.MAX_EXPRESSION_TERMS` tokens.
     """
     raw = [(kind, value) for kind, value in _tokens(text) if kind != "space"]
-    runs: list[list[str | Fraction]] = []
-    current: list[str | Fraction] = []
+    return [[token for _, token in run] for run in _indexed_runs(raw)]
+
+
+def _indexed_runs(raw: Sequence[tuple[str, str]]) -> list[list[tuple[int, str | Fraction]]]:
+    """:func:`runs` with each token's index in ``raw`` (the non-space tokens)."""
+    found: list[list[tuple[int, str | Fraction]]] = []
+    current: list[tuple[int, str | Fraction]] = []
     for i, (kind, value) in enumerate(raw):
         prev_kind = raw[i - 1][0] if i > 0 else None
         next_kind = raw[i + 1][0] if i + 1 < len(raw) else None
         if kind == "num":
-            current.append(parse_number(value))
+            current.append((i, parse_number(value)))
         elif kind in ("op", "eq", "open", "close"):
-            current.append(value)
+            current.append((i, value))
         elif kind == "word" and value.lower() == "x" and prev_kind == "num" and next_kind == "num":
-            current.append("*")
+            current.append((i, "*"))
         elif kind == "word" and len(value) > 1 and prev_kind == "num" and next_kind in ("op", "eq") and current:
             # A unit ("3 apples + 4 apples"); a single letter is a variable ("2x + 3 = 7"), not a unit.
             continue
         else:
             if current:
-                runs.append(current)
+                found.append(current)
             current = []
     if current:
-        runs.append(current)
-    longest = max((len(run) for run in runs), default=0)
+        found.append(current)
+    longest = max((len(run) for run in found), default=0)
     if longest > MAX_EXPRESSION_TERMS:
         raise BeyondLimits(f"an expression of {longest} terms (limit MAX_EXPRESSION_TERMS={MAX_EXPRESSION_TERMS})")
-    return runs
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """A number written in prose (in no equation or expression) and the words around it.
+
+    Attributes:
+        value: the number.
+        before: the words of its sentence before it, nearest last (at most :data:`MENTION_WORDS`).
+        after: the word right after it (``None``: punctuation or the end of the text comes first).
+        following: the words of its sentence after it, at most :data:`FOLLOWING_WORDS`.
+    """
+
+    value: Fraction
+    before: tuple[str, ...]
+    after: str | None
+    following: tuple[str, ...] = ()
+
+
+#: Words of a sentence kept before a mentioned number (a bound: the work stays linear in the text).
+MENTION_WORDS = 12
+#: Words of a sentence kept after a mentioned number ("16 more stickers than Sam sold").
+FOLLOWING_WORDS = 5
+_SENTENCE_END = frozenset(".!?;:\n")
+
+
+def mentions(text: str) -> list[Mention]:
+    """The numbers of ``text`` written in prose: in a run with no operator and no ``=`` ("Ben has 2
+    apples", "4 more"), each with the words of its sentence before it and the word after it."""
+    raw = [(kind, value) for kind, value in _tokens(text) if kind != "space"]
+    found = []
+    for run in _indexed_runs(raw):
+        if any(token in ("+", "-", "*", "/", "=") for _, token in run):
+            continue
+        for index, token in run:
+            if not isinstance(token, Fraction):
+                continue
+            before: list[str] = []
+            j, stop = index - 1, max(-1, index - 3 * MENTION_WORDS)  # tokens looked at: bounded too
+            while j > stop and len(before) < MENTION_WORDS:
+                kind, word = raw[j]
+                if kind == "other" and word in _SENTENCE_END:
+                    break
+                if kind == "word":
+                    before.append(word)
+                j -= 1
+            nxt = raw[index + 1] if index + 1 < len(raw) else None
+            after = nxt[1] if nxt is not None and nxt[0] == "word" else None
+            rest: list[str] = []
+            j = index + 1
+            while j < len(raw) and j <= index + 3 * FOLLOWING_WORDS and len(rest) < FOLLOWING_WORDS:
+                kind, word = raw[j]
+                if kind == "other" and word in _SENTENCE_END:
+                    break
+                if kind == "word":
+                    rest.append(word)
+                j += 1
+            found.append(Mention(token, tuple(reversed(before)), after, tuple(rest)))
+    return found
 
 
 def find_equations(text: str) -> list[Equation]:
@@ -290,8 +363,8 @@ _RESULT_CUE_RE = re.compile(
     # a number after a cue word, in the same clause, not the start of an expression ...
     r"\b(?:total|left|now|in all|altogether|remaining|remain)\b[^.,;:!?\n]{0,40}?\$?"
     r"(\d+(?:\.\d+)?)(?![\d.]*\s*[+\-*/x×=])"
-    # ... or before one ("2 stickers left", "12 apples in total", "20 books now")
-    r"|(\d+(?:\.\d+)?)\s+(?:[a-z]+\s+)?(?:left|remaining|in all|altogether|in total|now)\b",
+    # ... or before one ("2 stickers left", "12 apples in total", "9 pencils are his now")
+    r"|(\d+(?:\.\d+)?)\s+(?:[a-z]+\s+){0,3}?(?:left|remaining|in all|altogether|in total|now)\b",
     flags=re.IGNORECASE,
 )
 

@@ -142,6 +142,17 @@ def pairs(draw: st.DrawFn) -> tuple[StepsLabeled, StepsJudged]:
     return labeled(mc_first, n), judged(judge_first, m, verdicts=verdicts, entropy=entropy)
 
 
+def test_a_judge_that_gives_no_verdict_is_quoted_with_its_reason() -> None:
+    undecided = judged(None, verdicts=[True, None, None, None, None]).model_copy(
+        update={"reason": "step 1: restates numbers in words the checker cannot match to the question's"}
+    )
+    decision = labels_decision(labeled(3), undecided)
+    assert not decision.accept
+    assert decision.reason == (
+        "judge gave no verdict on step 1 (step 1: restates numbers in words the checker cannot match to the question's)"
+    )
+
+
 @settings(max_examples=300, deadline=None)
 @given(pairs(), st.floats(0, 3))
 def test_an_acceptance_means_agreement_and_the_threshold_only_removes(

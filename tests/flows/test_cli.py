@@ -222,3 +222,64 @@ def test_screenshots_without_chromium_say_how_to_install_it(tmp_path: Path) -> N
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "apt-get install chromium" in lines[0], result.stderr
     assert not (tmp_path / "shots").exists()
+
+
+def test_the_readme_s_sql_example_is_readable_at_80_columns(db: Path) -> None:
+    query = "SELECT * FROM current_labels ORDER BY solution_id, step_index LIMIT 5"
+    result = runner.invoke(app, ["sql", query, "--db", str(db)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert sum(line.startswith("-- record ") for line in lines) == 5
+    # Every id is shown whole (a table at 80 columns cut them to a few characters).
+    ids = [row[0] for row in query_rows(db, query)]
+    assert all(any(line.split(None, 1) == ["solution_id", sid] for line in lines) for sid in ids)
+    as_csv = runner.invoke(app, ["sql", query, "--db", str(db), "--format", "csv"], env={"COLUMNS": "80"})
+    assert as_csv.stdout.splitlines()[0].startswith("solution_id,question_id,step_index")
+
+
+def query_rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    from prmloop.store.duck import query
+
+    return [tuple(row) for row in query(db, sql).rows]
+
+
+def _in_a_terminal(argv: list[str], home: Path, columns: int = 80) -> str:
+    """Run ``prmloop argv`` with its stdout on a pseudo-terminal of ``columns`` columns; its output."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env.update({"PRMLOOP_HOME": str(home), "COLUMNS": str(columns), "TERM": "dumb"})
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prmloop.flows.cli", *argv], stdout=follower, stderr=subprocess.PIPE, env=env
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    proc.wait(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+    return b"".join(chunks).decode().replace("\r\n", "\n")
+
+
+def test_status_is_a_readable_summary_on_a_terminal_and_json_when_asked_or_piped(db: Path, tmp_path: Path) -> None:
+    shown = _in_a_terminal(["status", "--db", str(db), "--timeout", "3"], tmp_path)
+    lines = shown.splitlines()
+    assert "{" not in shown and max(len(line) for line in lines) <= 80
+    starts = [line.split(None, 1)[0] for line in lines if line and not line.startswith(" ")]
+    for heading in ("store", "services", "broker", "lag", "dead", "per", "labels", "cost", "PRM", "calibrated"):
+        assert heading in starts, (heading, shown)
+    assert "100 events" in shown and "none in force yet" in shown
+    asked = _in_a_terminal(["status", "--db", str(db), "--timeout", "3", "--json"], tmp_path)
+    assert json.loads(asked)["events"] == 100
+    piped = runner.invoke(app, ["status", "--db", str(db), "--timeout", "3"])
+    report = json.loads(piped.stdout)
+    assert report["events"] == 100 and "acceptance_rate" in report and "mc_exact_agreement" in report

@@ -130,3 +130,23 @@ def test_the_linear_search_for_one_operation_agrees_with_the_definition(pool: li
     budget = ReadingBudget()
     assert _one_operation_gives(target, Counter(pool), budget) == _brute_force(target, pool)
     assert budget.pairs_tried <= len(set(pool))
+
+
+LEVEL3 = generate_question(3, 0, 0)
+
+
+def test_the_wording_and_operation_rules_stay_bounded_on_the_costliest_prose_and_arithmetic() -> None:
+    # Every written number a prose mention (its sentence read back a bounded number of words), and
+    # as many true equations on the question's numbers as the limits allow (each result gets its
+    # parts, at most MAX_PARTS per value, MAX_READINGS readings per equation).
+    first = LEVEL3.chain.steps[0]
+    a, b, r = first.left, first.right, first.result
+    back = "-" if first.op == "+" else "+"
+    prose = ["Ben has " + " and ".join([str(a)] * 140) + " apples."]
+    arithmetic = [f"{a} {first.op} {b} = {r}, {r} {back} {b} = {a}"] * 26  # true, and parts of the answer
+    for steps in (prose, arithmetic, prose + arithmetic):
+        started = time.process_time()
+        check = check_steps(LEVEL3.chain, steps, problem=LEVEL3.problem, strictness="quantities")
+        cpu = time.process_time() - started
+        assert not check.beyond_limits and check.wrong_step is None, check.reason
+        assert cpu < 1.0, (len(steps), cpu)
