@@ -142,6 +142,21 @@ def _summary(term: Terminal, r: dict[str, Any], ui: str | None, db: Path | str, 
         + (f"; engine busy {100 * busy:.0f}% after warm-up" if busy is not None else "")
         + "."
     )
+    quality = _label_quality(db)
+    if quality:
+        rate, agree = quality.get("acceptance_rate"), quality.get("mc_exact_agreement")
+        exact = (quality.get("agreement") or {}).get("exact") or {}
+        term.say(
+            "Consensus kept "
+            + (f"{100 * rate:.0f}% of the decided solutions" if rate is not None else "none yet")
+            + (
+                f"; MC and the exact checker agree on {100 * agree:.0f}% of the {exact.get('decided')} solutions "
+                f"both labelled and the checker decided"
+                if agree is not None
+                else ""
+            )
+            + "."
+        )
     if r["reject_reasons"]:
         reasons = "; ".join(f"{n} x {why}" for why, n in r["reject_reasons"].items())
         term.say(f"Why consensus rejected labels: {reasons}")
@@ -157,6 +172,17 @@ def _summary(term: Terminal, r: dict[str, Any], ui: str | None, db: Path | str, 
     term.say("Next, as they stand:")
     for command in commands:
         term.say(f"  {command}")
+
+
+def _label_quality(db: Path | str) -> dict[str, Any] | None:
+    """Acceptance rate and MC-vs-exact agreement over the store (None: it cannot be read now)."""
+    from prmloop.store.duck import QueryError, StoreLocked
+    from prmloop.store.metrics import label_quality
+
+    try:
+        return label_quality(db)
+    except (QueryError, StoreLocked, FileNotFoundError):
+        return None
 
 
 def _print_queries(console: Console, db: Path | str) -> None:

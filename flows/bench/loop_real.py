@@ -141,6 +141,7 @@ def bench_loop_real(
     from prmloop.flows.engine import engine_unavailable
     from prmloop.flows.retrain_ensemble import eval_items
     from prmloop.flows.stack import down, prefect_api_url, read_state, up
+    from prmloop.store.metrics import label_quality
 
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -193,6 +194,9 @@ def bench_loop_real(
                     os.environ["PRMLOOP_HOME"] = str(home)
                     result["final_f1"] = result["f1_curve"][-1][1] if result["f1_curve"] else None
                     result["exact_labels"] = exact_label_f1(StateSettings().db_path, "arith", 8, threads)
+                    quality = label_quality(StateSettings().db_path)
+                    result["acceptance_rate"] = quality["acceptance_rate"]
+                    result["mc_exact_agreement"] = quality["mc_exact_agreement"]
                 out[arm] = result
         finally:
             down(state=shared, say=say)
