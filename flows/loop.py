@@ -208,7 +208,7 @@ class Loop:
     def request_stop(self) -> None:
         self._stop.set()
 
-    def stop(self, *, keep: frozenset[str] = KEEP_RUNNING, wait_s: float = 120.0) -> None:
+    def stop(self, *, keep: frozenset[str] = KEEP_RUNNING, wait_s: float = 120.0, grace_s: float = 45.0) -> None:
         """Let the feed and retrain in flight finish, stop the services this run started (but ``keep``)."""
         from prmloop.flows.stack import down
 
@@ -226,7 +226,7 @@ class Loop:
         stop = [s for s in self.started_services if s not in keep]
         if stop:
             # The annotator finishes the solutions in hand (rollouts: seconds each) before it commits.
-            down(stop, state=self.state, say=self.say, grace_s=45.0)
+            down(stop, state=self.state, say=self.say, grace_s=grace_s)
 
     # -- feeding -------------------------------------------------------------------------------------
     def waiting(self) -> int:

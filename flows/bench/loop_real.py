@@ -119,7 +119,7 @@ def _streaming_arm(
         loop.start()
         loop.run()
     finally:
-        loop.stop(keep=frozenset())
+        loop.stop(keep=frozenset(), grace_s=5.0)
     result = loop.result()
     result.pop("rss_mib", None)
     return result
@@ -146,7 +146,7 @@ def bench_loop_real(
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
-    budget_s = 60.0 if quick else 60.0 * minutes
+    budget_s = 75.0 if quick else 60.0 * minutes
     started = time.monotonic()
     root = root or StateSettings().home / "bench" / "loop" / time.strftime("%Y%m%d-%H%M%S")
     shared = StateSettings(home=root)
@@ -184,6 +184,7 @@ def bench_loop_real(
                             eval_set="arith",
                             seed=seed,
                             threads=threads,
+                            idle_s=1.0 if quick else 3.0,
                             say=say,
                         )
                     else:

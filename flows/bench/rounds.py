@@ -80,13 +80,20 @@ class RoundPlan:
         return f"sample {self.questions} questions x {self.k}, annotate up to {self.annotate} incorrect solutions"
 
 
-def plan_round(tokens_per_s: float, seconds_left: float, rounds_left: int) -> RoundPlan | None:
+def plan_round(
+    tokens_per_s: float,
+    seconds_left: float,
+    rounds_left: int,
+    *,
+    overhead_s: float = ROUND_OVERHEAD_S,
+    reserve_s: float = FINAL_RESERVE_S,
+) -> RoundPlan | None:
     """The next round's sizes: this round's share of the time left (less the final reserve and the
-    rounds' fixed overhead) as tokens at the speed measured so far, 40 % prioritizing and sampling
+    rounds' fixed ``overhead_s``) as tokens at the speed measured so far, 40 % prioritizing and sampling
     (two probes and four samples a question) and 60 % MC labels.
     ``None``: not even one question fits (the round is cut)."""
     rounds_left = max(1, rounds_left)
-    spare = seconds_left - FINAL_RESERVE_S - rounds_left * ROUND_OVERHEAD_S
+    spare = seconds_left - reserve_s - rounds_left * overhead_s
     tokens = max(0.0, tokens_per_s) * max(0.0, spare) / rounds_left
     k = 4
     questions = min(6, int(0.4 * tokens / (SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION)))
@@ -130,6 +137,11 @@ class Stages:
     in_flight: int = 1  # solutions the annotator keeps going at once
     eval_questions: int = 8
     eval_set: str = EVAL_SET
+    #: seconds without input after which a stage's service stops (the round's drain)
+    idle_s: float = 3.0
+    #: a round's fixed seconds, and the seconds kept after the last round (see :func:`plan_round`)
+    overhead_s: float = ROUND_OVERHEAD_S
+    reserve_s: float = FINAL_RESERVE_S
 
     def heldout(self) -> int:
         """The held-out set: reference solutions and corrupted copies of questions the loop never samples."""
@@ -205,9 +217,11 @@ class Stages:
             f"sampled the top {sampled['questions']} of the queue: {sampled['solutions']} solutions "
             f"({sampled['correct']} correct, {sampled['incorrect']} incorrect, {sampled['completion_tokens']} tokens)",
         )
-        scored = run_scorer(ScorerSettings(until_idle=3), bootstrap_servers=self.servers, install_signal_handlers=False)
+        scored = run_scorer(
+            ScorerSettings(until_idle=self.idle_s), bootstrap_servers=self.servers, install_signal_handlers=False
+        )
         selected = run_selector(
-            SelectorSettings(db=str(self.db), until_idle=3, refresh_s=0.01),
+            SelectorSettings(db=str(self.db), until_idle=self.idle_s, refresh_s=0.01),
             bootstrap_servers=self.servers,
             install_signal_handlers=False,
         )
@@ -217,14 +231,14 @@ class Stages:
             f"scored {scored['published']}; selector ({prm}): {selected['label']} to label, {selected['skip']} skipped",
         )
         tick = time.monotonic()
-        reserve = FINAL_RESERVE_S + (rounds - index - 1) * ROUND_OVERHEAD_S + 30
+        reserve = self.reserve_s + (rounds - index - 1) * self.overhead_s + min(30.0, self.overhead_s)
         annotating = AnnotatorSettings(
             strategy="adaptive_binary",
             n0=4,
             n_min=2,
             n_max=8,
             max_new_tokens=plan.rollout_tokens,
-            until_idle=5,
+            until_idle=self.idle_s + 2,
             max_solutions=plan.annotate,
             in_flight=self.in_flight,
             threads=s.threads,
@@ -248,12 +262,12 @@ class Stages:
         annotate_s = time.monotonic() - tick
         cut = " (cut: the budget's time for this round ran out)" if self.left() < reserve else ""
         judged = run_judge(
-            JudgeSettings(method=s.judge, samples=4, max_new_tokens=256, until_idle=3, threads=s.threads),
+            JudgeSettings(method=s.judge, samples=4, max_new_tokens=256, until_idle=self.idle_s, threads=s.threads),
             bootstrap_servers=self.servers,
             install_signal_handlers=False,
         )
         decided = run_consensus(
-            ConsensusSettings(until_idle=3),
+            ConsensusSettings(until_idle=self.idle_s),
             bootstrap_servers=self.servers,
             outbox_dir=outbox,
             install_signal_handlers=False,

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.bench.rounds import FINAL_RESERVE_S, DemoSettings, Stages, plan_round, wait_stored
+from prmloop.flows.bench.rounds import DemoSettings, Stages, plan_round, wait_stored
 from prmloop.flows.loop_watch import EngineMeter, EventWatch, overlap
 from prmloop.store.settings import KafkaSettings, StateSettings
 
@@ -55,9 +55,11 @@ def run_rounds_arm(
     eval_set: str = "arith",
     seed: int = 0,
     threads: int | None = None,
+    idle_s: float = 3.0,
     say: Any = print,
 ) -> dict[str, Any]:
-    """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``."""
+    """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``. ``idle_s``:
+    how long each stage's service waits for more input before the round moves on."""
     from prmloop.flows.engine import service_environment
     from prmloop.flows.stack import down, up
     from prmloop.store.broker import find_bootstrap_servers
@@ -97,6 +99,10 @@ def run_rounds_arm(
         left,
         in_flight=4 if engine_url else 1,
         eval_set=eval_set,
+        idle_s=idle_s,
+        # Five stages each join their group and drain until idle_s without input: a round's fixed cost.
+        overhead_s=20.0 + 5 * idle_s,
+        reserve_s=0.0,
     )
     curve: list[list[float]] = []
     retrains = 0
@@ -105,7 +111,7 @@ def run_rounds_arm(
         measured_tokens, measured_s = 0.0, 0.0
         for index in range(rounds):
             rate = (measured_tokens / measured_s) if measured_s > 20 else speed
-            plan = plan_round(rate, left() + FINAL_RESERVE_S, rounds - index)
+            plan = plan_round(rate, left(), rounds - index, overhead_s=stages.overhead_s, reserve_s=0.0)
             if plan is None:
                 say(f"rounds: round {index + 1} cut ({left():.0f}s left at {rate:.0f} tokens/s)")
                 break
