@@ -40,8 +40,6 @@ from prmloop.flows.loop_watch import (
     CommittedOffsets,
     EngineMeter,
     EventWatch,
-    overlap,
-    per_window,
     rss_mib,
     rss_summary,
 )
@@ -64,6 +62,8 @@ LOOP_SERVICES: tuple[str, ...] = (
     "prefect",
     "deployments",
 )
+#: Probed questions the driver keeps in its queue at most (the best by priority).
+MAX_QUEUE = 500
 #: What keeps running when the loop stops: nothing published is lost, the UI stays up.
 KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
 
@@ -273,6 +273,9 @@ class Loop:
             question = by_id.get(row["question_id"])
             if question is not None:
                 self._queue[question.id] = (float(row["priority"]), question)
+        if len(self._queue) > MAX_QUEUE:  # a run of days keeps the best; the rest would never be topped up
+            kept = sorted(self._queue.items(), key=lambda kv: -kv[1][0])[:MAX_QUEUE]
+            self._queue = dict(kept)
         self.status.published += int(out["solutions"])
         self.status.feeds += 1
         self.status.queue = len(self._queue)
@@ -398,7 +401,7 @@ class Loop:
         """The run in figures: what the bench, the demo's summary and the soak report."""
         wall = self.status.elapsed()
         totals = self.watch.snapshot() if self.watch else None
-        accepted = len(totals.accepted_at) if totals else 0
+        accepted = totals.accepted if totals else 0
         tokens = totals.generated_tokens if totals else 0
         engine_tokens = self.meter.generated_tokens() if self.meter else None
         trained = [r for r in self.status.retrains if r.f1 is not None]
@@ -420,11 +423,11 @@ class Loop:
             "f1_curve": [[round(r.at_s, 1), round(r.f1, 4)] for r in trained if r.f1 is not None],
             "retrains": [r.__dict__ for r in self.status.retrains],
             "feeds": self.status.feeds,
-            "stage_overlap": round(overlap(totals.activity), 3) if totals else 0.0,
+            "stage_overlap": round(totals.stage_overlap(), 3) if totals else 0.0,
             "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
             "rss_mib": self.status.rss,
             "rss_summary": rss_summary(self.status.rss),
-            "accepted_per_10_min": per_window(totals.accepted_at if totals else [], wall, 600.0),
+            "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
             "errors": [self.status.last_error] if self.status.last_error else [],
         }
 

@@ -45,7 +45,7 @@ def snapshot(loop: Loop) -> dict[str, Any]:
     now = status.elapsed()
     totals = loop.watch.snapshot() if loop.watch else None
     meter = loop.meter
-    accepted = totals.accepted_at if totals else []
+    recent = totals.recent_accepted if totals else []
     return {
         "elapsed": now,
         "minutes": loop.s.minutes,
@@ -53,10 +53,10 @@ def snapshot(loop: Loop) -> dict[str, Any]:
         "busy_recent": meter.busy_fraction(since_s=now - 60.0) if meter else None,
         "busy": meter.busy_fraction(since_s=min(60.0, now / 2)) if meter else None,
         "tokens_per_s": meter.rate(30.0) if meter else None,
-        "accepted": len(accepted),
+        "accepted": totals.accepted if totals else 0,
         "accepted_errors": totals.accepted_errors if totals else 0,
-        "per_minute_recent": _per_minute(accepted, now, 300.0),
-        "per_minute": 60.0 * len(accepted) / max(now, 1e-6),
+        "per_minute_recent": _per_minute(recent, now, 300.0),
+        "per_minute": 60.0 * (totals.accepted if totals else 0) / max(now, 1e-6),
         "rejected": totals.counts["LabelsRejected"] if totals else 0,
         "mc": totals.counts["StepsLabeled"] if totals else 0,
         "solutions": totals.counts["SolutionSampled"] if totals else 0,

@@ -43,7 +43,6 @@ __all__ = [
     "EngineMeter",
     "EventWatch",
     "overlap",
-    "per_window",
     "rss_mib",
     "rss_summary",
 ]
@@ -76,28 +75,88 @@ WATCHED_TOPICS: tuple[str, ...] = tuple(
         )
     )
 )
-#: Seconds per bucket of the activity timeline.
-BUCKET_S = 5.0
+#: Seconds per bucket of the activity timeline: a feed publishes its solutions together every few tens
+#: of seconds, so a bucket this wide sees every stage of a loop that streams.
+BUCKET_S = 30.0
+#: The stages whose activity in one bucket counts as running at once (:func:`overlap`).
+OVERLAP_STAGES: tuple[str, ...] = ("sample", "annotate", "consensus")
+#: Seconds per bucket of the engine meter's busy samples.
+METER_BUCKET_S = 5.0
+#: Seconds of accepted labels kept with their times (the view's recent rate); older ones are counted only.
+RECENT_S = 600.0
+#: Distinct rejection reasons counted one by one; the rest as "other".
+MAX_REASONS = 50
 
 
 @dataclass
 class WatchTotals:
-    """What the loop produced since the watch started."""
+    """What the loop produced since the watch started: counters only, so a run of days keeps it small."""
 
     counts: Counter[str] = field(default_factory=Counter)
     sampled_tokens: int = 0
     rollout_tokens: int = 0
     correct_solutions: int = 0
     accepted_errors: int = 0
-    accepted_at: list[float] = field(default_factory=list)
+    #: times (seconds after start) of the accepted labels of the last :data:`RECENT_S` seconds
+    recent_accepted: list[float] = field(default_factory=list)
+    #: accepted labels per 10-minute window, in order
+    accepted_windows: list[int] = field(default_factory=list)
     reject_reasons: Counter[str] = field(default_factory=Counter)
     labels_by_method: Counter[str] = field(default_factory=Counter)
-    #: bucket index -> stages that produced an event in it
-    activity: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: buckets with any stage's event, and buckets with every :data:`OVERLAP_STAGES` stage's
+    active_buckets: int = 0
+    overlap_buckets: int = 0
+    bucket: int = -1
+    bucket_stages: set[str] = field(default_factory=set)
 
     @property
     def generated_tokens(self) -> int:
         return self.sampled_tokens + self.rollout_tokens
+
+    @property
+    def accepted(self) -> int:
+        return self.counts["LabelsAccepted"]
+
+    def stage_overlap(self) -> float:
+        """Buckets in which every :data:`OVERLAP_STAGES` stage produced, over buckets with any event (the
+        bucket in progress included): 0 for a loop that runs stage after stage, near 1 for one that streams."""
+        active = self.active_buckets + bool(self.bucket_stages)
+        together = self.overlap_buckets + all(s in self.bucket_stages for s in OVERLAP_STAGES)
+        return together / active if active else 0.0
+
+    def add_stage(self, bucket: int, stage: str) -> None:
+        if bucket != self.bucket:
+            if self.bucket_stages:
+                self.active_buckets += 1
+                self.overlap_buckets += all(s in self.bucket_stages for s in OVERLAP_STAGES)
+            self.bucket, self.bucket_stages = bucket, set()
+        self.bucket_stages.add(stage)
+
+    def add_accepted(self, at: float) -> None:
+        window = int(at // RECENT_S)
+        while len(self.accepted_windows) <= window:
+            self.accepted_windows.append(0)
+        self.accepted_windows[window] += 1
+        self.recent_accepted.append(at)
+        if self.recent_accepted[0] < at - RECENT_S:
+            self.recent_accepted = [t for t in self.recent_accepted if t >= at - RECENT_S]
+
+    def copy(self) -> WatchTotals:
+        return WatchTotals(
+            Counter(self.counts),
+            self.sampled_tokens,
+            self.rollout_tokens,
+            self.correct_solutions,
+            self.accepted_errors,
+            list(self.recent_accepted),
+            list(self.accepted_windows),
+            Counter(self.reject_reasons),
+            Counter(self.labels_by_method),
+            self.active_buckets,
+            self.overlap_buckets,
+            self.bucket,
+            set(self.bucket_stages),
+        )
 
 
 class EventWatch:
@@ -134,18 +193,7 @@ class EventWatch:
 
     def snapshot(self) -> WatchTotals:
         with self._lock:
-            t = self._totals
-            return WatchTotals(
-                Counter(t.counts),
-                t.sampled_tokens,
-                t.rollout_tokens,
-                t.correct_solutions,
-                t.accepted_errors,
-                list(t.accepted_at),
-                Counter(t.reject_reasons),
-                Counter(t.labels_by_method),
-                defaultdict(set, {k: set(v) for k, v in t.activity.items()}),
-            )
+            return self._totals.copy()
 
     def _run(self) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -167,7 +215,7 @@ class EventWatch:
             while not self._stop.is_set():
                 batches = consumer.poll(timeout_ms=500, max_records=500)
                 for records in batches.values():
-                    self._count(r.value for r in records)
+                    self.count(r.value for r in records)
         except Exception as exc:  # noqa: BLE001
             self.error = f"the event watch stopped: {type(exc).__name__}: {exc}"
             log.warning("%s", self.error)
@@ -175,8 +223,9 @@ class EventWatch:
             with contextlib.suppress(Exception):
                 consumer.close()
 
-    def _count(self, values: Iterable[bytes | None]) -> None:
-        now = time.monotonic() - self.started
+    def count(self, values: Iterable[bytes | None], now: float | None = None) -> None:
+        """Count the events of these records as arriving ``now`` seconds after start (default: now)."""
+        now = time.monotonic() - self.started if now is None else now
         bucket = int(now // BUCKET_S)
         for value in values:
             try:
@@ -189,7 +238,7 @@ class EventWatch:
                 t.counts[event.event_type] += 1
                 stage = STAGE_OF.get(event.event_type)
                 if stage:
-                    t.activity[bucket].add(stage)
+                    t.add_stage(bucket, stage)
                 if isinstance(p, SolutionSampled):
                     t.sampled_tokens += int(p.completion_tokens)
                     t.correct_solutions += p.correct is True
@@ -197,10 +246,13 @@ class EventWatch:
                     t.rollout_tokens += int(p.cost.generated_tokens)
                     t.labels_by_method[p.method] += 1
                 elif isinstance(p, LabelsAccepted):
-                    t.accepted_at.append(now)
+                    t.add_accepted(now)
                     t.accepted_errors += p.first_error_step is not None
                 elif isinstance(p, LabelsRejected):
-                    t.reject_reasons[_reason_kind(p.reason)] += 1
+                    kind = _reason_kind(p.reason)
+                    if kind not in t.reject_reasons and len(t.reject_reasons) >= MAX_REASONS:
+                        kind = "other"
+                    t.reject_reasons[kind] += 1
 
 
 def _reason_kind(reason: str | None) -> str:
@@ -210,7 +262,7 @@ def _reason_kind(reason: str | None) -> str:
     return " ".join("N" if w.strip(",.:").isdigit() else w for w in reason.split())[:80]
 
 
-def overlap(activity: dict[int, set[str]], stages: Sequence[str] = ("sample", "annotate", "consensus")) -> float:
+def overlap(activity: dict[int, set[str]], stages: Sequence[str] = OVERLAP_STAGES) -> float:
     """The fraction of active buckets in which every one of ``stages`` produced an event: 0 for a loop
     that runs stage after stage (rounds), near 1 for one whose stages run at once."""
     active = [b for b, seen in activity.items() if seen]
@@ -223,7 +275,7 @@ def overlap(activity: dict[int, set[str]], stages: Sequence[str] = ("sample", "a
 class EngineMeter:
     """Poll the engine's ``/metrics``: busy samples, generation tokens and prefix-cache hits over time.
 
-    Busy samples are kept per ``BUCKET_S`` bucket (busy, taken), so memory grows by a few bytes a
+    Busy samples are kept per ``METER_BUCKET_S`` bucket (busy, taken), so memory grows by a few bytes a
     bucket however long the loop runs; the token counter's history is kept for the last few minutes.
     """
 
@@ -263,7 +315,7 @@ class EngineMeter:
         if not self.first:
             self.first = metrics
         self.last = metrics
-        bucket = self.buckets.setdefault(int(at // BUCKET_S), [0, 0])
+        bucket = self.buckets.setdefault(int(at // METER_BUCKET_S), [0, 0])
         bucket[0] += metrics.get("requests_running", 0.0) > 0
         bucket[1] += 1
         self.tokens.append((at, metrics.get("generation_tokens", 0.0)))
@@ -273,8 +325,8 @@ class EngineMeter:
     def busy_fraction(self, since_s: float = 0.0, until_s: float | None = None) -> float | None:
         """Busy samples over all samples taken between ``since_s`` and ``until_s`` (seconds after start,
         to the bucket)."""
-        first = int(max(0.0, since_s) // BUCKET_S)
-        last = None if until_s is None else int(until_s // BUCKET_S)
+        first = int(max(0.0, since_s) // METER_BUCKET_S)
+        last = None if until_s is None else int(until_s // METER_BUCKET_S)
         chosen = [v for k, v in list(self.buckets.items()) if k >= first and (last is None or k <= last)]
         taken = sum(v[1] for v in chosen)
         return sum(v[0] for v in chosen) / taken if taken else None
@@ -332,12 +384,6 @@ def rss_summary(samples: dict[str, list[tuple[float, float]]], warm_s: float = 6
         warm = next((mib for at, mib in points if at >= warm_s), None)
         out[name] = {"after_10_min": warm, "last": points[-1][1], "max": max(mib for _, mib in points)}
     return out
-
-
-def per_window(times: list[float], wall: float, window_s: float) -> list[int]:
-    """How many of ``times`` fell in each whole ``window_s`` of the run (the last, partial one left out)."""
-    windows = int(wall // window_s)
-    return [sum(i * window_s <= t < (i + 1) * window_s for t in times) for i in range(windows)]
 
 
 class CommittedOffsets:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.bench.rounds import DemoSettings, Stages, plan_round, wait_stored
-from prmloop.flows.loop_watch import EngineMeter, EventWatch, overlap
+from prmloop.flows.loop_watch import EngineMeter, EventWatch
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["run_rounds_arm", "speed_probe"]
@@ -130,7 +130,7 @@ def run_rounds_arm(
             meter.stop()
         down(state=state, say=say)
     totals = watch.snapshot()
-    accepted = len(totals.accepted_at)
+    accepted = totals.accepted
     tokens = totals.generated_tokens
     return {
         "engine": "vllm" if engine_url else "transformers",
@@ -148,7 +148,7 @@ def run_rounds_arm(
         "engine_busy_fraction_all": _round(meter.busy_fraction() if meter else None),
         "f1_curve": curve,
         "retrains": retrains,
-        "stage_overlap": round(overlap(totals.activity), 3),
+        "stage_overlap": round(totals.stage_overlap(), 3),
         "reject_reasons": dict(totals.reject_reasons.most_common(5)),
     }
 

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.loop import Loop, LoopSettings, QuestionStream, Retrain, sampled_indices
 from prmloop.flows.loop_view import LoopView, curve_lines, curve_png, progress_line, snapshot
-from prmloop.flows.loop_watch import BUCKET_S, EngineMeter, overlap
+from prmloop.flows.loop_watch import METER_BUCKET_S as BUCKET_S
+from prmloop.flows.loop_watch import EngineMeter, overlap
 from prmloop.producers.arith import arith_question
 from prmloop.producers.events import question_registered
 from prmloop.store.consumer import ConsumedEvent
@@ -97,3 +98,28 @@ def test_without_a_terminal_the_view_prints_a_line_every_half_minute(tmp_path: P
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and all("accepted 0" in line and "F1 per retrain: 0.400" in line for line in lines)
     assert progress_line(snapshot(loop)).startswith("[")
+
+
+def test_the_watch_counts_labels_and_stages_as_they_arrive(kafka_bootstrap: str) -> None:
+    from prmloop.flows.bench.synthetic import synthetic_events
+    from prmloop.flows.loop_watch import BUCKET_S, RECENT_S, EventWatch
+    from prmloop.store.codec import decode_event, encode_event
+
+    events = synthetic_events(60, k=2, seed=5)
+    by_type: dict[str, list[bytes]] = {}
+    for event in events:
+        by_type.setdefault(event.event_type, []).append(encode_event(event))
+    watch = EventWatch(kafka_bootstrap)  # not started: the records are handed to it
+    sampled, labeled = by_type["SolutionSampled"], by_type["StepsLabeled"]
+    accepted = by_type.get("LabelsAccepted", [])
+    assert len(accepted) >= 2, "the synthetic stream has accepted labels"
+    # bucket 0: every stage of the overlap; bucket 1: sampling only; bucket 2 (11 minutes in): labels only
+    watch.count(sampled[:2] + labeled[:1] + accepted[:1], now=1.0)
+    watch.count(sampled[2:3], now=BUCKET_S + 1)
+    watch.count(labeled[1:2] + accepted[1:2], now=RECENT_S + 60)
+    totals = watch.snapshot()
+    assert totals.counts["SolutionSampled"] == 3 and totals.accepted == 2
+    assert totals.stage_overlap() == pytest.approx(1 / 3)
+    assert totals.accepted_windows[0] == 1
+    assert totals.accepted_windows == [1, 1] and totals.recent_accepted == [RECENT_S + 60]  # the first aged out
+    assert totals.sampled_tokens == sum(decode_event(b).payload.completion_tokens for b in sampled[:3])
