@@ -9,8 +9,9 @@ so one engine batches the sampler's, scorer's, annotator's, judge's and prioriti
 
 Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTURE.md's traps):
 
-- ``--dtype float32``: ``auto`` picks bfloat16, which falls back to slow kernels on an AVX2 CPU (on one
-  with AVX512_BF16 it is faster: ``PRMLOOP_VLLM_OPTIONS='{"dtype": "bfloat16"}'``, README's figures).
+- ``--dtype``: bfloat16 where the CPU has native bfloat16 instructions (AVX512_BF16 or AMX: 1.4x the
+  tokens/s of float32 there, README's figures), else float32 (bfloat16 falls back to slow kernels on an
+  AVX2 CPU, about 5x slower); :func:`cpu_dtype`. ``PRMLOOP_VLLM_OPTIONS='{"dtype": ...}'`` chooses.
 - ``--distributed-executor-backend uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the model runs in the
   engine's process, not in a worker of its own that the engine process waits on spinning; that spinning
   took about a third of the tokens/s on two cores (``cpu_executor`` in models/backends/vllm_backend.py).
@@ -168,7 +169,7 @@ def engine_command(
         # Generator does not use offset"; see models/backends/vllm_backend.py), and a step must then hold a
         # whole prompt, so the context is capped there too.
         options = {
-            "dtype": "float32",
+            "dtype": cpu_dtype(),
             "enforce_eager": True,
             "enable_chunked_prefill": False,
             "max_model_len": CPU_MAX_MODEL_LEN,
@@ -194,6 +195,23 @@ def engine_command(
         "--enable-prompt-tokens-details",
         "--disable-uvicorn-access-log",
     ]
+
+
+def cpu_flags() -> list[str]:
+    """The vector extensions this CPU reports that decide its matrix kernels (``/proc/cpuinfo``; [] elsewhere)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in wanted if flag in flags]
+
+
+def cpu_dtype(flags: list[str] | None = None) -> str:
+    """The engine's dtype on a CPU: bfloat16 where it has native bfloat16 kernels, else float32."""
+    flags = cpu_flags() if flags is None else flags
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
 
 
 def converted_model(python: Path) -> Path:

@@ -31,6 +31,7 @@ from prmloop.flows.bench.generate_vllm import Workload, run_workload
 from prmloop.flows.engine import (
     EngineError,
     converted_model,
+    cpu_flags,
     default_threads,
     engine_command,
     engine_environment,
@@ -40,7 +41,7 @@ from prmloop.flows.engine import (
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
 from prmloop.store.broker import free_port
 
-__all__ = ["bench_engines", "cpu_flags"]
+__all__ = ["bench_engines"]
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -107,17 +108,6 @@ def _server(
     Path(log.name).unlink(missing_ok=True)
 
 
-def cpu_flags() -> list[str]:
-    """The vector extensions this CPU reports that decide its matrix kernels (``/proc/cpuinfo``; [] elsewhere)."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    except OSError:
-        return []
-    return [flag for flag in wanted if flag in flags]
-
-
 def bench_engines(
     quick: bool,
     *,
@@ -169,9 +159,10 @@ def bench_engines(
         python = model = None
     if python is not None and model is not None:
         env = {**os.environ, **engine_environment(threads)}
-        overrides = {} if dtype == default_dtype else {"dtype": dtype}
-        if overrides:  # the in-process runs read it from their environment, the server from its flags
-            env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), **overrides})
+        # Every engine in the bench's dtype (the loop's engine picks its own, flows.engine.cpu_dtype): the
+        # in-process runs read it from their environment, the server from its flags.
+        overrides = {"dtype": dtype}
+        env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), **overrides})
         inprocess: dict[str, Any] = {}
         server: dict[str, Any] = {}
         for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):

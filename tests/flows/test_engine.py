@@ -10,6 +10,7 @@ import pytest
 
 from prmloop.flows.engine import (
     EngineError,
+    cpu_dtype,
     engine_command,
     engine_environment,
     engine_unavailable,
@@ -43,8 +44,9 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     argv = engine_command(Path("/v/bin/python"), tmp_path, 4321, gpu=False)
     assert argv[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     flags = " ".join(argv)
-    for flag in ("--dtype float32", "--enforce-eager", "--enable-prefix-caching", "--port 4321", "--host 127.0.0.1"):
+    for flag in ("--enforce-eager", "--enable-prefix-caching", "--port 4321", "--host 127.0.0.1"):
         assert flag in flags
+    assert f"--dtype {cpu_dtype()}" in flags
     # Whole prefills (seeded chunked prefills crash the CPU build), so a step holds a whole prompt.
     assert "--no-enable-chunked-prefill --max-model-len 4096 --max-num-batched-tokens 4096" in flags
     assert "--no-enable-prefix-caching" in engine_command(Path("p"), tmp_path, 1, prefix_caching=False, gpu=False)
@@ -55,6 +57,13 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     # libgomp's own wait policy (spin briefly, then sleep): PASSIVE cost the engine 13-20 % here.
     assert "OMP_WAIT_POLICY" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_the_cpu_engine_runs_in_bfloat16_only_where_the_cpu_has_its_kernels() -> None:
+    assert cpu_dtype(["avx2", "avx512f", "avx512_bf16"]) == "bfloat16"
+    assert cpu_dtype(["avx2", "amx_bf16"]) == "bfloat16"
+    assert cpu_dtype(["avx2", "avx512f", "avx512_vnni"]) == "float32"  # bfloat16 falls back to slow kernels
+    assert cpu_dtype([]) == "float32"
 
 
 def test_on_a_gpu_the_server_keeps_vllms_own_fast_defaults(tmp_path: Path) -> None:
