@@ -242,6 +242,8 @@ class Loop:
             return
         probe, top_up = self._next_batch()
         self.status.feed_running = True
+        if self.status.first_feed_at is None:
+            self.status.first_feed_at = self.status.elapsed()
         self._background("feed", lambda: self._feed(probe, top_up))
 
     def _next_batch(self) -> tuple[list[Question], list[Question]]:
@@ -398,13 +400,15 @@ class Loop:
 
     # -- results -------------------------------------------------------------------------------------
     def result(self, warm_up_s: float = 60.0) -> dict[str, Any]:
-        """The run in figures: what the bench, the demo's summary and the soak report."""
+        """The run in figures: what the bench, the demo's summary and the soak report. The engine's busy
+        fraction "after warm-up" counts from ``warm_up_s`` after the first feed began."""
         wall = self.status.elapsed()
         totals = self.watch.snapshot() if self.watch else None
         accepted = totals.accepted if totals else 0
         tokens = totals.generated_tokens if totals else 0
         engine_tokens = self.meter.generated_tokens() if self.meter else None
         trained = [r for r in self.status.retrains if r.f1 is not None]
+        warm = (self.status.first_feed_at or 0.0) + warm_up_s
         return {
             "engine": self.status.engine,
             "wall_s": round(wall, 1),
@@ -417,7 +421,7 @@ class Loop:
             "generated_tokens": tokens,
             "engine_generated_tokens": engine_tokens,
             "accepted_per_1k_tokens": round(1000.0 * accepted / tokens, 3) if tokens else 0.0,
-            "engine_busy_fraction": _round(self.meter.busy_fraction(since_s=warm_up_s) if self.meter else None),
+            "engine_busy_fraction": _round(self.meter.busy_fraction(since_s=warm) if self.meter else None),
             "engine_busy_fraction_all": _round(self.meter.busy_fraction() if self.meter else None),
             "prefix_cache_hit_rate": _round(self.meter.prefix_cache_hit_rate() if self.meter else None),
             "f1_curve": [[round(r.at_s, 1), round(r.f1, 4)] for r in trained if r.f1 is not None],

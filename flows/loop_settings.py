@@ -156,6 +156,8 @@ class LoopStatus:
     ui: str | None = None
     home: Path | None = None
     feeds: int = 0
+    #: seconds after start when the first feed began (the engine's warm-up is measured from it)
+    first_feed_at: float | None = None
     feed_running: bool = False
     published: int = 0
     waiting: int = 0
