@@ -103,6 +103,9 @@ class Loop:
         self._last_retrain_at = 0.0
         self._accepted_at_retrain = 0
         self._committed: CommittedOffsets | None = None
+        self._retry_batch: tuple[list[Question], list[Question]] | None = None
+        self._feed_retry_at = 0.0
+        self._feed_backoff_s = 0.0
         self.stream = QuestionStream(settings.level_list, settings.seed)
 
     # -- start ---------------------------------------------------------------------------------------
@@ -235,12 +238,12 @@ class Loop:
         return max(0, self.status.published - done)
 
     def _maybe_feed(self) -> None:
-        if self._busy("feed"):
+        if self._busy("feed") or time.monotonic() < self._feed_retry_at:
             return
         self.status.waiting = self.waiting()
         if self.status.waiting >= self.s.ahead:
             return
-        probe, top_up = self._next_batch()
+        probe, top_up = self._retry_batch or self._next_batch()
         self.status.feed_running = True
         if self.status.first_feed_at is None:
             self.status.first_feed_at = self.status.elapsed()
@@ -268,8 +271,15 @@ class Loop:
         )
         try:
             out = run_feed(probe, top_up, settings, bootstrap_servers=self.servers, prefect=self.use_prefect)
+        except Exception:
+            # The same questions again later (the engine may be restarting): 10 s, then twice as long, up to 2 min.
+            self._retry_batch = (probe, top_up)
+            self._feed_backoff_s = min(120.0, 2 * self._feed_backoff_s) if self._feed_backoff_s else 10.0
+            self._feed_retry_at = time.monotonic() + self._feed_backoff_s
+            raise
         finally:
             self.status.feed_running = False
+        self._retry_batch, self._feed_backoff_s = None, 0.0
         by_id = {q.id: q for q in probe}
         for row in out["probed"]:
             question = by_id.get(row["question_id"])

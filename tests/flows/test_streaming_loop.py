@@ -123,3 +123,30 @@ def test_the_watch_counts_labels_and_stages_as_they_arrive(kafka_bootstrap: str)
     assert totals.accepted_windows[0] == 1
     assert totals.accepted_windows == [1, 1] and totals.recent_accepted == [RECENT_S + 60]  # the first aged out
     assert totals.sampled_tokens == sum(decode_event(b).payload.completion_tokens for b in sampled[:3])
+
+
+def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from prmloop.flows import feed
+
+    calls: list[list[str]] = []
+
+    def failing(probe: list, top_up: list, settings: object, **kwargs: object) -> dict:
+        calls.append([q.id for q in probe])
+        raise ConnectionError("the engine is restarting")
+
+    monkeypatch.setattr(feed, "run_feed", failing)
+    loop = Loop(LoopSettings(probe_batch=2), home=tmp_path)
+    probe, top_up = loop._next_batch()
+    with pytest.raises(ConnectionError):
+        loop._feed(probe, top_up)
+    assert loop._retry_batch == (probe, top_up) and loop._feed_backoff_s == 10.0
+    assert loop._feed_retry_at > time.monotonic() + 5
+    loop._maybe_feed()  # too early: nothing starts
+    assert not loop._busy("feed") and len(calls) == 1
+    with pytest.raises(ConnectionError):
+        loop._feed(*loop._retry_batch)
+    assert loop._feed_backoff_s == 20.0 and calls[0] == calls[1]  # the same questions, backing off
