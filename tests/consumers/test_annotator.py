@@ -90,7 +90,7 @@ def test_free_only_labels_the_correct_solutions_with_the_rollout_annotators_ids(
     assert all(e.payload.method == "all_correct" for e in published)
     assert handler.stats.as_dict()["left_for_rollouts"] == 2
     Annotator(AdaptiveBinarySearch(), [SimulatedCompleter(solutions)], [SIM], everything.append)(batch)
-    by_solution = {e.payload.solution_id: e.event_id for e in everything[0]}
+    by_solution = {e.payload.solution_id: e.event_id for events in everything for e in events}
     assert len(by_solution) == 4
     assert all(by_solution[e.payload.solution_id] == e.event_id for e in published)
 
@@ -233,3 +233,32 @@ def test_each_solution_is_continued_in_the_prompt_format_it_was_sampled_with() -
     assert arith.startswith("Question: Ella has 5 cards.") and "Instruction:" not in arith
     assert "Instruction:" in epic and not epic.startswith("Question:")
     assert completer.style == "step_k"  # the shared completer is untouched
+
+
+def test_correct_solutions_are_published_before_the_batchs_rollouts_begin() -> None:
+    """A correct solution's label costs no rollout: it goes out at once, so consensus need not wait
+    for the incorrect solutions of the same batch (the streaming loop's labels keep flowing)."""
+    solutions = simulate_solutions(4, seed=3)
+    batch = [_consumed(_sampled(s, i, correct=i in (1, 3)), i) for i, s in enumerate(solutions)]
+    published: list[list[Envelope]] = []
+    rollouts_seen_at_publish: list[int] = []
+    completer = SimulatedCompleter(solutions)
+
+    class Counting(SimulatedCompleter):
+        calls = 0
+
+        def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+            Counting.calls += 1
+            return completer.complete(question, steps, n)
+
+    def publish(events: list[Envelope]) -> None:
+        published.append(events)
+        rollouts_seen_at_publish.append(Counting.calls)
+
+    handler = Annotator(AdaptiveBinarySearch(), [Counting(solutions)], [SIM], publish, max_in_flight=2)
+    assert list(handler(batch)) == []
+    first, second = published
+    assert [e.payload.method for e in first] == ["all_correct", "all_correct"]
+    assert rollouts_seen_at_publish[0] == 0  # published before any rollout of the batch
+    assert {e.payload.solution_id for e in second} == {"sol-" + solutions[i].question + f"-{i}" for i in (0, 2)}
+    assert rollouts_seen_at_publish[1] > 0

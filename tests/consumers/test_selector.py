@@ -165,7 +165,11 @@ def test_two_rounds_of_selection_on_a_real_broker_and_store(
     lenient = settings.model_copy(update={"delta": 0.51, "std_max": 1.0})
     second = round_(6, f"sel-{run}-2", lenient)
     assert len(second) == 6 and {p.prm.name for p in second if p.prm} == {model_id}
+    # A correct solution is labelled whatever the PRM says: MC labels it with no rollout.
     for p in second:
+        if p.scored.correct:
+            assert p.decision == "label" and p.step_std == () and "without rollouts" in p.reason
+    for p in [p for p in second if not p.scored.correct]:
         assert len(p.step_mean) == len(p.step_std) == 2
         assert p.thresholds["delta"] == 0.51 and p.thresholds["std_max"] == 1.0
         rule = Thresholds(delta=0.51, std_max=1.0, tau=p.thresholds["tau"])
