@@ -26,7 +26,7 @@ from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 from kafka.errors import KafkaError
 
-__all__ = ["JoinListener", "StallWatch"]
+__all__ = ["JoinListener", "StallWatch", "record_timestamp"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,11 @@ class StallWatch:
         where to read again): the first record stamped at or after the newest one this reader was
         handed (every record written since is new to it; one seen again is harmless, effects are
         idempotent), else the end. A partition counts once two checks in a row (``after_s`` apart) saw
-        the same position past the same end; a failed check finds nothing."""
+        the same position past the same end, and the record at the reported end is not one this reader
+        was handed already: the embedded Tansu broker reports a partition's end as its last record
+        batch's first offset plus one, so a reader of a batch of several records stands past that end
+        while nothing was lost (reading again there handed the loop's selector every such batch twice a
+        few minutes later); a failed check finds nothing."""
         now = time.monotonic()
         if self.after_s is None or now - self.rewind_checked_at < self.after_s:
             return {}
@@ -114,6 +118,7 @@ class StallWatch:
             # while: only a position past an end that stood still since the last check is acted on.
             before, self._behind = self._behind, now_behind
             behind = {tp: pe for tp, pe in now_behind.items() if before.get(tp) == pe}
+            behind = {tp: pe for tp, pe in behind.items() if not self._still_there(consumer, tp, pe[1])}
             if not behind:
                 return {}
             self._behind = {tp: pe for tp, pe in now_behind.items() if tp not in behind}
@@ -127,6 +132,15 @@ class StallWatch:
         except (KafkaError, KeyError, ValueError) as exc:
             log.debug("the rewind check failed: %r", exc)
             return {}
+
+    def _still_there(self, consumer: KafkaConsumer, tp: TopicPartition, end: int) -> bool:
+        """Whether the record at offset ``end`` is one this reader was handed (stamped no later than the
+        newest it saw): the log did not go back, the broker undercounted its end."""
+        newest = self.last_timestamp.get(tp)
+        if newest is None:
+            return False
+        stamp = record_timestamp(consumer, tp, end)
+        return stamp is not None and stamp <= newest
 
     def idle_s(self) -> float:
         return time.monotonic() - self.last_record_at
@@ -172,6 +186,28 @@ class StallWatch:
                 name, tp.topic, tp.partition, end, position, offset,
             )  # fmt: skip
             consumer.seek(tp, offset)
+
+
+#: The settings a probe consumer copies from the consumer it checks for (how to reach and log in to the broker).
+_CONNECTION_KEYS = ("bootstrap_servers", "client_id", "security_protocol", "api_version", "request_timeout_ms")
+
+
+def record_timestamp(consumer: KafkaConsumer, tp: TopicPartition, offset: int, timeout_s: float = 5.0) -> int | None:
+    """The timestamp (ms) of the record at ``offset`` of ``tp``, read by a consumer of its own (no group)
+    with ``consumer``'s connection settings; None where there is none there (or it cannot be read)."""
+    settings = {k: v for k, v in consumer.config.items() if k in _CONNECTION_KEYS or k.startswith(("sasl_", "ssl_"))}
+    probe = KafkaConsumer(**settings, enable_auto_commit=False)
+    try:
+        probe.assign([tp])
+        probe.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for records in probe.poll(timeout_ms=200, max_records=1).values():
+                for record in records:
+                    return int(record.timestamp) if record.offset == offset else None
+        return None
+    finally:
+        probe.close()
 
 
 class JoinListener(ConsumerRebalanceListener):

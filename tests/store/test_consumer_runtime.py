@@ -297,3 +297,46 @@ def test_a_reader_whose_log_went_back_beneath_it_reads_the_records_written_since
         _run_until(runtime, until, timeout_s=120)
     assert moved and {f"q{i}" for i in range(8)} <= set(seen)
     assert any("reading again from" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_reader_past_an_end_the_broker_undercounts_does_not_read_again(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The embedded broker reports a partition's end as its last batch's first offset plus one: a reader
+    of a batch of several records stands past that end with nothing lost. The loop's selector read such
+    batches again every few minutes and decided their solutions twice (the annotator then labelled them
+    twice). Nothing may be read again, however long the partition stays quiet."""
+    from kafka import KafkaProducer
+
+    topic = _topic(1, kafka_bootstrap)
+    producer = KafkaProducer(**KafkaSettings().client_kwargs(kafka_bootstrap), linger_ms=200)
+    for i in range(5):
+        producer.send(topic, _event(i), key=b"k")
+    producer.flush()  # five records lingered together: one batch
+    producer.close()
+    seen: list[str] = []
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        seen.extend(str(c.event.correlation_id) for c in batch)
+
+    runtime = ConsumerRuntime(
+        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler, stall_after_s=2
+    )
+    quiet_since: list[float] = []
+
+    def until() -> bool:
+        if len(seen) >= 5 and not quiet_since:
+            quiet_since.append(time.monotonic())
+        return bool(quiet_since) and time.monotonic() - quiet_since[0] > 9  # past four checks, 2 s apart
+
+    with caplog.at_level("WARNING", logger="prmloop.store.stall"):
+        _run_until(runtime, until, timeout_s=90)
+    tp = TopicPartition(topic, 0)
+    probe = KafkaConsumer(**consumer_config(KafkaSettings(), kafka_bootstrap, group_id=None))
+    try:
+        reported_end = probe.end_offsets([tp])[tp]
+    finally:
+        probe.close()
+    assert sorted(seen) == [f"q{i}" for i in range(5)], seen  # each once
+    assert not any("reading again" in r.getMessage() for r in caplog.records), caplog.text
+    assert reported_end == 1, "the broker counted this batch's end right: the case is not made here"
