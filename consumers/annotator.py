@@ -14,7 +14,6 @@ the completers and the answer checker from them.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +24,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from prmloop.consumers.annotator_stats import AnnotatorStats
 from prmloop.models.annotation.completer import AnswerChecker, Completer, GeneratorCompleter, exact_match
+from prmloop.models.annotation.estimate import SharedStarts
 from prmloop.models.annotation.strategies import STRATEGIES, Annotation, AnnotationStrategy, SolutionToLabel, annotate
 from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.prompts import prompt_format_of
@@ -243,56 +244,6 @@ def _selection_score(payload: object) -> float:
     return float("inf")  # nothing known about it: as uncertain as can be
 
 
-#: What :class:`AnnotatorStats` counts, in the order its summary lists them.
-COUNTED: tuple[str, ...] = ("labelled", "all_correct", "unresolved", "aborted", "rejected", "skipped_by_selection")
-COUNTED += ("left_for_rollouts", "published")
-
-
-class AnnotatorStats:
-    """What an annotator did (thread-safe counters; ``as_dict`` for a JSON summary)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts: Counter[str] = Counter()
-        self.rollouts = 0
-        self.generated_tokens = 0
-        self.verified_steps = 0
-        self.failures: Counter[str] = Counter()
-        #: Wall-clock (``time.time()``) when the first solution was taken up and the last label published:
-        #: the busy window, without start-up and group-join time (what the scaling benchmark compares).
-        self.first_started: float | None = None
-        self.last_published: float | None = None
-
-    def started(self) -> None:
-        with self._lock:
-            if self.first_started is None:
-                self.first_started = time.time()
-
-    def add(self, annotation: Annotation) -> None:
-        with self._lock:
-            self.counts[annotation.status] += 1
-            self.rollouts += annotation.cost.rollouts
-            self.generated_tokens += annotation.cost.generated_tokens
-            self.verified_steps += annotation.cost.verified_steps
-            self.failures.update(annotation.cost.failures)
-
-    def count(self, what: str, n: int = 1) -> None:
-        with self._lock:
-            self.counts[what] += n
-
-    def as_dict(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                **{k: self.counts[k] for k in COUNTED},
-                "rollouts": self.rollouts,
-                "generated_tokens": self.generated_tokens,
-                "verified_steps": self.verified_steps,
-                "failures": dict(self.failures),
-                "first_started": self.first_started,
-                "last_published": self.last_published,
-            }
-
-
 class Annotator:
     """Batch handler: label every ``StepsScored`` of a batch and publish the labels before returning.
 
@@ -334,6 +285,7 @@ class Annotator:
         self.stats = AnnotatorStats()
         self._aborts: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="annotate")
+        self.starts = SharedStarts()  # MC(s_0) once per question (models/annotation/estimate.py)
 
     @property
     def unresolved(self) -> int:
@@ -392,7 +344,14 @@ class Annotator:
             uncertainty_delta=scored.uncertainty_delta,
         )
         try:
-            annotation = annotate(solution, self.strategy, self._completers_for(scored), checker=self.checker)
+            annotation = annotate(
+                solution,
+                self.strategy,
+                self._completers_for(scored),
+                checker=self.checker,
+                starts=self.starts,
+                starts_scope=(self.completer_refs, scored.prompt_format),
+            )
         except ValueError as error:
             return "reject", f"{scored.solution_id}: {error}"
         self.stats.add(annotation)

@@ -6,18 +6,15 @@ LLM-as-a-judge and MC estimation show consensus on the error reasoning step loca
 :func:`labels_decision`, pure; the first check that fails is the reason (steps 0-based):
 
 1. both events cover the same steps (``"step counts differ: MC 5, judge 4"``);
-2. the judge gave a verdict on every step before its first error (on all when it found none): a
-   ``None`` there is not "no error" (``"judge gave no verdict on step k"``, with the judge's reason
-   when it gave one: the exact checker says why it could not decide); a wrong one there would
+2. the judge gave a verdict on every step before its first error (on all when it found none): ``None``
+   is not "no error" (``"judge gave no verdict on step k (its reason)"``); a wrong one there would
    contradict its own ``first_error_step``;
 3. the first errors agree (``"first errors disagree: MC 2, judge 4"``; ``none``: no error);
 4. with ``entropy_threshold``, the judge's CoT entropy at its first error (the largest over its steps
    when it found none) is at most the threshold, else it abstains (``"judge uncertain: CoT entropy
    0.91 > 0.5 ..."``), also when its event has no entropy. Last, so it only turns accepts into rejects.
 
-Decisions carry the MC labels (the paper's hard labels; none when no MC label came).
-
-The join: events come in any order, late, twice, or superseded. The first pair decides, weighing the
+Decisions carry the MC labels (the paper's hard labels; none when no MC label came). The join: events come in any order, late, twice, or superseded. The first pair decides, weighing the
 newest (``occurred_at``) waiting event of each side; later events of a decided solution are counted
 (``late``), never re-decided. With ``max_wait`` a half whose partner has not come is rejected (``"no
 judge verdict within 30 s"``) after that many wall-clock seconds held here, counted from when it was
@@ -154,8 +151,9 @@ def labels_decision(labeled: StepsLabeled, judged: StepsJudged, *, entropy_thres
         return Decision(False, f"judge's first error, step {first}, is outside its {m} verdicts")
     for k, verdict in enumerate(judged.verdicts[: m if first is None else first]):
         if verdict is None:
-            why = f" ({judged.reason})" if judged.reason else ""
-            return Decision(False, f"judge gave no verdict on step {k}{why}")
+            return Decision(
+                False, f"judge gave no verdict on step {k}" + (f" ({judged.reason})" if judged.reason else "")
+            )
         if not verdict:
             return Decision(False, f"judge's verdicts contradict its first error {_step(first)}: step {k} is wrong")
     if labeled.first_error_step != first:

@@ -153,14 +153,14 @@ class Sampler:
         return ENGINE_START_S if self.kind == "vllm" and self.url is None else 0.0
 
     def _start_vllm(self) -> None:
-        from prmloop.flows.bench.generate_engines import _server
+        from prmloop.flows.bench.generate_engines import engine_server
         from prmloop.flows.engine import converted_model, engine_environment, vllm_python
 
         python = vllm_python()
         model = converted_model(python)
         env = {**os.environ, **engine_environment(self.threads)}
         self.say("starting a vLLM engine for the bench (stopped when the pool is built)")
-        url, start_s = self._stack.enter_context(_server(python, model, True, env, {}))
+        url, start_s = self._stack.enter_context(engine_server(python, model, True, env, {}))
         self.url = url
         self.say(f"vLLM engine up in {start_s:.0f}s at {url}")
 

@@ -74,7 +74,7 @@ def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[s
 
 
 @contextlib.contextmanager
-def _server(
+def engine_server(
     python: Path, model: Path, caching: bool, env: dict[str, str], overrides: dict[str, Any]
 ) -> Iterator[tuple[str, float]]:
     """A vLLM server of the bench's own on a free port (URL, start seconds), stopped on exit."""
@@ -170,7 +170,7 @@ def bench_engines(
             inprocess[key] = _inprocess_vllm(python, workload, caching, env)
             say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
             say(f"vLLM server, {key}")
-            with _server(python, model, caching, env, overrides) as (url, start_s):
+            with engine_server(python, model, caching, env, overrides) as (url, start_s):
                 client = TokenizedOpenAIBackend(
                     "smollm2", tokenizer=load_tokenizer("smollm2"), base_url=url, max_concurrency=workload.n_prompts
                 )

@@ -19,13 +19,20 @@ Two rollout weights are implemented (``weighting``):
 
 Adaptive sampling (EpicPRM Sec. 3.2.2; UnPRM Algorithm 1 lines 14-18): start with ``N0`` rollouts and
 add more "until N_correct >= N_min or reaching N_max" (the papers use 16, 10, 72), per completer.
+
+``s_0`` is the question alone, the same state for every solution of it: EpicPRM grades a question's
+difficulty by it (Eq. 4, ``d(q) = round(10 MC_PPL(s_0))``). :class:`SharedStarts` estimates it once per
+question and hands the estimate to each of its solutions, so a question's second solution costs no
+rollouts from ``s_0``, and a question no rollout solves (``MC(s_0) = 0``) leaves its other solutions
+unresolved at no cost.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Sequence
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -181,6 +188,43 @@ class CostTally:
         }
 
 
+Graded = list[list[tuple["Rollout", bool]]]
+
+
+class SharedStarts:
+    """``MC(s_0)`` per question, estimated by the first solution that asks and shared with the rest
+    (thread-safe: a solution asking while another estimates it waits for that estimate). Keeps the
+    newest ``max_questions``."""
+
+    def __init__(self, max_questions: int = 1000) -> None:
+        self.max_questions = max_questions
+        self._done: OrderedDict[Hashable, tuple[Graded, StateEstimate]] = OrderedDict()
+        self._busy: dict[Hashable, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.shared = 0
+
+    def get(
+        self, key: Hashable, estimate: Callable[[], tuple[Graded, StateEstimate]]
+    ) -> tuple[Graded, StateEstimate, bool]:
+        """(graded rollouts, estimate, whether it was shared) for ``key``, running ``estimate`` once."""
+        with self._lock:
+            lock = self._busy.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                found = self._done.get(key)
+                if found is not None:
+                    self._done.move_to_end(key)
+                    self.shared += 1
+                    return [list(rollouts) for rollouts in found[0]], found[1], True
+            graded, result = estimate()
+            with self._lock:
+                self._done[key] = ([list(rollouts) for rollouts in graded], result)
+                while len(self._done) > self.max_questions:
+                    old, _ = self._done.popitem(last=False)
+                    self._busy.pop(old, None)
+            return graded, result, False
+
+
 class MCEstimator:
     """Estimates states of one solution, memoised per state, and keeps its cost ledger.
 
@@ -200,7 +244,12 @@ class MCEstimator:
         checker: AnswerChecker = exact_match,
         final_state_known_wrong: bool = True,
         max_attempts: int = 3,
+        starts: SharedStarts | None = None,
+        starts_scope: Hashable = None,
     ) -> None:
+        """``starts``: where ``MC(s_0)`` of each question is shared between its solutions (see the module);
+        ``starts_scope``: what else must be equal to share it (the completers' models and prompt format;
+        default: these very completer objects)."""
         if not completers:
             raise ValueError("MC estimation needs at least one completer")
         if weighting not in _WEIGHTINGS:
@@ -213,6 +262,8 @@ class MCEstimator:
         self.checker = checker
         self.final_state_known_wrong = final_state_known_wrong
         self.max_attempts = max_attempts
+        self.starts = starts
+        self.starts_scope = starts_scope if starts_scope is not None else tuple(id(c) for c in self.completers)
         self.ledger = CostTally()
         self.estimates: list[StateEstimate] = []
         self._cache: dict[int, StateEstimate] = {}
@@ -235,16 +286,22 @@ class MCEstimator:
         weighted = self.weighting != "count"
         if step_index == self.n_steps - 1 and self.final_state_known_wrong:
             result = StateEstimate(step_index, 0.0, 0, 0, weighted)
+        elif step_index == -1 and self.starts is not None:
+            key = (self.starts_scope, self.question, sampling, self.weighting)
+            self._graded[-1], result, _ = self.starts.get(key, lambda: self._sampled(-1, sampling))
         else:
-            prefix = self.steps[: step_index + 1]
-            per_completer = [self._sample(completer, prefix, sampling) for completer in self.completers]
+            per_completer, result = self._sampled(step_index, sampling)
             self._graded[step_index] = per_completer
-            result = self._summary(step_index, per_completer)
             if step_index >= 0:
                 self.ledger.verified_steps += 1
         self._cache[step_index] = result
         self.estimates.append(result)
         return result
+
+    def _sampled(self, step_index: int, sampling: Sampling) -> tuple[Graded, StateEstimate]:
+        prefix = self.steps[: step_index + 1]
+        per_completer = [self._sample(completer, prefix, sampling) for completer in self.completers]
+        return per_completer, self._summary(step_index, per_completer)
 
     def _summary(self, step_index: int, per_completer: Sequence[Sequence[tuple[Rollout, bool]]]) -> StateEstimate:
         return StateEstimate(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -37,6 +37,7 @@ from prmloop.models.annotation.estimate import (
     MCEstimator,
     Sampling,
     SequentialStopping,
+    SharedStarts,
     StateEstimate,
     Weighting,
 )
@@ -364,8 +365,11 @@ def annotate(
     *,
     checker: AnswerChecker = exact_match,
     max_attempts: int = 3,
+    starts: SharedStarts | None = None,
+    starts_scope: Hashable = None,
 ) -> Annotation:
-    """Label one solution with ``strategy``; never raises for completer failures (status ``aborted``)."""
+    """Label one solution with ``strategy``; never raises for completer failures (status ``aborted``).
+    ``starts``: ``MC(s_0)`` shared between the solutions of a question (:class:`SharedStarts`)."""
     started = time.perf_counter()
     n_steps = len(solution.steps)
     params = strategy.parameters()
@@ -383,6 +387,8 @@ def annotate(
         weighting=strategy.weighting,
         checker=checker,
         max_attempts=max_attempts,
+        starts=starts,
+        starts_scope=starts_scope,
     )
     status: Status = "labelled"
     error: str | None = None

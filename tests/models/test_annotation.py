@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from prmloop.models.annotation.completer import Rollout
-from prmloop.models.annotation.estimate import MCEstimator, Sampling, mc_ppl
+from prmloop.models.annotation.estimate import MCEstimator, Sampling, SharedStarts, StateEstimate, mc_ppl
 from prmloop.models.annotation.strategies import (
     STRATEGIES,
     AdaptiveBinarySearch,
@@ -247,3 +247,44 @@ def test_labels_follow_the_first_error() -> None:
 def test_an_unknown_strategy_names_the_choices() -> None:
     with pytest.raises(ValueError, match="adaptive_binary"):
         make_strategy("nope")
+
+
+def test_mc_s0_is_estimated_once_per_question_and_shared_by_its_solutions() -> None:
+    # Same question, two incorrect solutions: the first pays s_0's 10 rollouts, the second none of them
+    # (s_0 is the question alone, EpicPRM Eq. 4's difficulty), and both search from the same MC(s_0).
+    success = [0.9, 0.9, 0.9] + [0.1] * 8
+    completer = ScriptedCompleter(success)
+    starts = SharedStarts()
+    strategy = AdaptiveBinarySearch(sampling=Sampling.fixed(10))
+    first = annotate(_solution(10), strategy, [completer], starts=starts, starts_scope="m")
+    second = annotate(_solution(10), strategy, [completer], starts=starts, starts_scope="m")
+    assert first.first_error_step == second.first_error_step == 2
+    assert [e.step_index for e in first.estimates] == [e.step_index for e in second.estimates]
+    assert first.estimates[0] == second.estimates[0]  # the same MC(s_0), shared
+    assert first.cost.rollouts - second.cost.rollouts == 10 and starts.shared == 1
+    assert [c for c in completer.calls if c[0] == 0] == [(0, 10)]  # s_0 sampled once
+    # another scope (other completers or prompt format): estimated again
+    annotate(_solution(10), strategy, [completer], starts=starts, starts_scope="other")
+    assert [c for c in completer.calls if c[0] == 0] == [(0, 10), (0, 10)]
+
+
+def test_a_question_no_rollout_solves_leaves_its_other_solutions_unresolved_at_no_cost() -> None:
+    completer = ScriptedCompleter([0.0] * 5)
+    starts = SharedStarts()
+    first = annotate(_solution(4), AdaptiveBinarySearch(), [completer], starts=starts, starts_scope="m")
+    second = annotate(_solution(4), AdaptiveBinarySearch(), [completer], starts=starts, starts_scope="m")
+    assert first.status == second.status == "unresolved"
+    assert first.cost.rollouts > 0 and second.cost.rollouts == 0
+
+
+def test_shared_starts_keep_the_newest_questions_only() -> None:
+    starts = SharedStarts(max_questions=2)
+    made: list[str] = []
+
+    def estimate(key: str) -> tuple[list[list[tuple[Rollout, bool]]], StateEstimate]:
+        made.append(key)
+        return [[]], StateEstimate(-1, 0.5, 2, 1, False)
+
+    for key in ("a", "b", "a", "c", "b"):
+        starts.get(key, lambda key=key: estimate(key))  # type: ignore[misc]
+    assert made == ["a", "b", "c", "b"]  # "a" was used again before "c" came, so "b" was the one dropped
