@@ -13,12 +13,12 @@ LLM-as-a-judge and MC estimation show consensus on the error reasoning step loca
 4. with ``entropy_threshold``, the judge's CoT entropy at its first error (the largest over its steps
    when it found none) is at most the threshold, else it abstains (``"judge uncertain: CoT entropy
    0.91 > 0.5 ..."``), also when its event has no entropy. Last, so it only turns accepts into rejects.
-
-Decisions carry the MC labels (the paper's hard labels; none when no MC label came). The join: events come in any order, late, twice, or superseded. The first pair decides, weighing the
-newest (``occurred_at``) waiting event of each side; later events of a decided solution are counted
-(``late``), never re-decided. With ``max_wait`` a half whose partner has not come is rejected (``"no
-judge verdict within 30 s"``) after that many wall-clock seconds held here, counted from when it was
-stored or from the service's (re)start, so a backlog read after downtime is not timed out unread.
+Decisions carry the MC labels (the paper's hard labels; none when no MC label came). The join: events
+come in any order, late, twice, or superseded. The first pair decides, weighing the newest
+(``occurred_at``) waiting event of each side; later events of a decided solution are counted (``late``),
+never re-decided. With ``max_wait`` a half whose partner has not come is rejected (``"no judge verdict
+within 30 s"``) after that many wall-clock seconds held here, counted from when it was stored or from
+the service's (re)start, so a backlog read after downtime is not timed out unread.
 
 Durability: state in SQLite, ``$PRMLOOP_HOME/consensus/<group>.sqlite3``. Per batch one transaction
 stores the new events (idempotent by ``event_id``) and records the decisions they complete (with

@@ -200,25 +200,33 @@ def decide_all(
     settings: SelectorSettings,
     causes: Sequence[Any] | None = None,
 ) -> list[Envelope]:
-    """One ``SolutionSelected`` per scored solution: by ``current`` (model ref and PRM), or "label" when none."""
+    """One ``SolutionSelected`` per scored solution: by ``current`` (model ref and PRM), or "label" when none.
+
+    Whatever the PRM: a solution without a grade is skipped (no answer stated: no rollout can be judged
+    against it, the annotator would only refuse it), a correct one is labelled (``label_correct``)."""
     causes = causes or [None] * len(scored)
-    if current is None:
-        decision = Decision(True, math.inf, 0, None, "no promoted ensemble PRM yet: every solution is labelled")
-        return [
-            selection_event(s, decision, None, prm=None, thresholds=None, causation_id=c)
-            for s, c in zip(scored, causes, strict=True)
-        ]
-    ref, prm = current
-    thresholds = settings.thresholds(prm.threshold)
-    free = [settings.label_correct and s.correct is True for s in scored]
-    asked = [s for s, f in zip(scored, free, strict=True) if not f]
-    stats = iter(prm.step_stats([s.problem or "" for s in asked], [list(s.steps) for s in asked]) if asked else [])
-    correct = Decision(True, math.inf, 0, None, "correct: labelled without rollouts, whatever the PRM says")
-    events = []
-    for s, f, c in zip(scored, free, causes, strict=True):
-        if f:
-            events.append(selection_event(s, correct, None, prm=ref, thresholds=thresholds, causation_id=c))
+    ref, prm = current if current is not None else (None, None)
+    thresholds = settings.thresholds(prm.threshold) if prm is not None else None
+    fixed: list[Decision | None] = []
+    for s in scored:
+        if s.correct is None:
+            fixed.append(Decision(False, math.inf, 0, None, "not graded (it states no final answer): nothing to label"))
+        elif prm is None:
+            fixed.append(Decision(True, math.inf, 0, None, "no promoted ensemble PRM yet: every solution is labelled"))
+        elif settings.label_correct and s.correct:
+            fixed.append(Decision(True, math.inf, 0, None, "correct: labelled without rollouts, whatever the PRM says"))
         else:
+            fixed.append(None)
+    asked = [s for s, f in zip(scored, fixed, strict=True) if f is None]
+    stats = iter(
+        prm.step_stats([s.problem or "" for s in asked], [list(s.steps) for s in asked]) if asked and prm else []
+    )
+    events = []
+    for s, f, c in zip(scored, fixed, causes, strict=True):
+        if f is not None:
+            events.append(selection_event(s, f, None, prm=ref, thresholds=thresholds, causation_id=c))
+        else:
+            assert prm is not None and thresholds is not None
             st = next(stats)
             events.append(
                 selection_event(s, decide(st, thresholds), st, prm=ref, thresholds=thresholds, causation_id=c)

@@ -90,6 +90,14 @@ def _register(store: EventStore, artifact: Path, offset: int) -> str:
     return str(event.payload.model_id)  # type: ignore[union-attr]
 
 
+def test_a_solution_without_a_grade_is_skipped_whatever_the_prm() -> None:
+    scored = [_scored("ungraded", i) for i in range(2)]
+    scored[1] = scored[1].model_copy(update={"correct": None, "final_answer": None})
+    events = decide_all(scored, None, SelectorSettings())
+    assert [e.payload.decision for e in events] == ["label", "skip"]  # type: ignore[union-attr]
+    assert "not graded" in events[1].payload.reason  # type: ignore[union-attr]
+
+
 def test_without_a_promoted_ensemble_every_solution_is_labelled() -> None:
     scored = [_scored("none", i) for i in range(3)]
     events = decide_all(scored, None, SelectorSettings())
