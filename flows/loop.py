@@ -404,7 +404,7 @@ class Loop:
             rss = rss_mib(record.pid)
             if rss is not None:
                 self.status.rss.setdefault(name, []).append((round(at, 1), rss))
-        own = rss_mib(os.getpid())
+        own = rss_mib(os.getpid(), descendants=False)  # the services it started are counted on their own
         if own is not None:
             self.status.rss.setdefault("driver", []).append((round(at, 1), own))
 

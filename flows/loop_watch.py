@@ -349,8 +349,10 @@ class EngineMeter:
         return hits / queries if queries > 0 else None
 
 
-def rss_mib(pid: int) -> float | None:
-    """Resident memory of ``pid`` and its descendants, in MiB (None: the process is gone)."""
+def rss_mib(pid: int, *, descendants: bool = True) -> float | None:
+    """Resident memory of ``pid`` (and its descendants), in MiB (None: the process is gone)."""
+    if not descendants:
+        return _own_rss(pid)
     children: dict[int, list[int]] = defaultdict(list)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -373,6 +375,16 @@ def rss_mib(pid: int) -> float | None:
                 return None
         todo += children.get(current, [])
     return round(total, 1)
+
+
+def _own_rss(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
 
 
 def rss_summary(samples: dict[str, list[tuple[float, float]]], warm_s: float = 600.0) -> dict[str, Any]:

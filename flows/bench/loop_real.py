@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,9 +109,9 @@ def _streaming_arm(
         levels=levels,
         seed=seed,
         engine="vllm" if engine_url else "transformers",
-        retrain_every=4 if quick else 10,
-        retrain_seconds=15.0 if quick else 60.0,
-        min_labels=3 if quick else 6,
+        retrain_every=3 if quick else 10,
+        retrain_seconds=10.0 if quick else 60.0,
+        min_labels=2 if quick else 6,
         calibrate_minutes=None,
     )
     services = tuple(s for s in LOOP_SERVICES if s not in ("prefect", "deployments"))
@@ -136,7 +137,7 @@ def bench_loop_real(
     root: Path | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
-    """Run the ``arms`` for ``minutes`` each (``quick``: one minute each, retraining every 15 s)."""
+    """Run the ``arms`` for ``minutes`` each (``quick``: 80 s each, retraining every 10 s)."""
     from prmloop.flows.bench.rounds_arm import run_rounds_arm
     from prmloop.flows.engine import engine_unavailable
     from prmloop.flows.retrain_ensemble import eval_items
@@ -146,7 +147,7 @@ def bench_loop_real(
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
-    budget_s = 75.0 if quick else 60.0 * minutes
+    budget_s = 80.0 if quick else 60.0 * minutes
     started = time.monotonic()
     root = root or StateSettings().home / "bench" / "loop" / time.strftime("%Y%m%d-%H%M%S")
     shared = StateSettings(home=root)
@@ -154,12 +155,18 @@ def bench_loop_real(
     with _environment():
         os.environ["PRMLOOP_HOME"] = str(root)
         reason = engine_unavailable()
-        services = ["prefect"] + (["engine"] if reason is None else [])
-        up(services, state=shared, say=say)
+        # The Prefect server starts in a home of its own, beside the engine's start (each home runs one
+        # `up` at a time); the held-out set's sampler finds the engine in the bench's home.
+        ui = StateSettings(home=root / "prefect")
+        starting = threading.Thread(target=lambda: up(["prefect"], state=ui, say=say), name="prefect-start")
+        starting.start()
+        if reason is None:
+            up(["engine"], state=shared, say=say)
+        starting.join()
         record = read_state(shared, "engine")
         engine_url = record.url if record is not None and record.alive else None
         out["engine"] = "vllm" if engine_url else f"transformers ({reason})"
-        url = prefect_api_url(shared)
+        url = prefect_api_url(ui)
         if url:
             os.environ["PREFECT_API_URL"] = url
         say("held-out set: building or reading the cache")
@@ -200,6 +207,7 @@ def bench_loop_real(
                     result["mc_exact_agreement"] = quality["mc_exact_agreement"]
                 out[arm] = result
         finally:
+            down(state=ui, say=say)
             down(state=shared, say=say)
     _ratios(out)
     out["wall_s"] = round(time.monotonic() - started, 1)

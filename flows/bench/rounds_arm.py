@@ -100,8 +100,9 @@ def run_rounds_arm(
         in_flight=4 if engine_url else 1,
         eval_set=eval_set,
         idle_s=idle_s,
-        # Five stages each join their group and drain until idle_s without input: a round's fixed cost.
-        overhead_s=20.0 + 5 * idle_s,
+        # Five stages each join their group and drain until idle_s without input, two flow runs: a
+        # round's fixed cost (about 20 s with 1 s drains here).
+        overhead_s=15.0 + 5 * idle_s,
         reserve_s=0.0,
     )
     curve: list[list[float]] = []

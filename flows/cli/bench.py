@@ -135,7 +135,7 @@ def bench_loop_cmd(
         typer.Option(help="run the real loops instead: streaming, rounds and random order on the embedded model"),
     ] = False,
     minutes: Annotated[float, typer.Option(help="--real: wall-clock minutes per arm")] = 5.0,
-    quick: Annotated[bool, typer.Option(help="--real: one minute per arm, a retrain every 15 s")] = False,
+    quick: Annotated[bool, typer.Option(help="--real: 80 s per arm, a retrain every 10 s")] = False,
     arms: Annotated[str, typer.Option(help="--real: which arms, comma-separated")] = "streaming,rounds,random_order",
     levels: Annotated[str, typer.Option(help="--real: arith curriculum levels, e.g. 1,2")] = "1,2",
     threads: Annotated[int | None, typer.Option(help="--real: torch CPU threads of in-process models")] = None,
