@@ -7,9 +7,8 @@ LLM-as-a-judge and MC estimation show consensus on the error reasoning step loca
 
 1. both events cover the same steps (``"step counts differ: MC 5, judge 4"``);
 2. the judge gave a verdict on every step before its first error (on all when it found none): a
-   ``None`` there is not "no error" (``"judge gave no verdict on step k"``, with the judge's reason
-   when it gave one: the exact checker says why it could not decide); a wrong one there would
-   contradict its own ``first_error_step``;
+   ``None`` there is not "no error" (``"judge gave no verdict on step k (its reason, if it gave
+   one)"``); a wrong one there would contradict its own ``first_error_step``;
 3. the first errors agree (``"first errors disagree: MC 2, judge 4"``; ``none``: no error);
 4. with ``entropy_threshold``, the judge's CoT entropy at its first error (the largest over its steps
    when it found none) is at most the threshold, else it abstains (``"judge uncertain: CoT entropy

@@ -340,9 +340,7 @@ class StepsJudged(Payload):
     step_entropy: tuple[Real | None, ...] | None = Field(default=None, description="CoT entropy per step")
     judgments: tuple[StepJudgment, ...] = ()
     cost: CostLedger = Field(default_factory=CostLedger)
-    reason: str | None = Field(
-        default=None, description="the judge's reason in words, where it gives one (the exact checker's, why undecided)"
-    )
+    reason: str | None = Field(default=None, description="why, in words, where the judge could not decide")
 
 
 class _ConsensusDecision(Payload):
