@@ -40,6 +40,7 @@ from prmloop.flows.loop_watch import (
     CommittedOffsets,
     EngineMeter,
     EventWatch,
+    cpu_seconds,
     rss_mib,
     rss_summary,
 )
@@ -404,9 +405,15 @@ class Loop:
             rss = rss_mib(record.pid)
             if rss is not None:
                 self.status.rss.setdefault(name, []).append((round(at, 1), rss))
+            cpu = cpu_seconds(record.pid)
+            if cpu is not None:
+                self.status.cpu_s[name] = cpu
         own = rss_mib(os.getpid(), descendants=False)  # the services it started are counted on their own
         if own is not None:
             self.status.rss.setdefault("driver", []).append((round(at, 1), own))
+        own_cpu = cpu_seconds(os.getpid(), descendants=False)
+        if own_cpu is not None:
+            self.status.cpu_s["driver"] = own_cpu
 
     # -- results -------------------------------------------------------------------------------------
     def result(self, warm_up_s: float = 60.0) -> dict[str, Any]:
@@ -441,6 +448,7 @@ class Loop:
             "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
             "rss_mib": self.status.rss,
             "rss_summary": rss_summary(self.status.rss),
+            "cpu_s": dict(self.status.cpu_s),
             "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
             "errors": [self.status.last_error] if self.status.last_error else [],
         }

@@ -170,6 +170,8 @@ class LoopStatus:
     last_error: str | None = None
     stopping: bool = False
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: CPU seconds each process (with its children) has used, at the last sample
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
