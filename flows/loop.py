@@ -35,14 +35,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prmloop.flows.loop_report import LoopReport
 from prmloop.flows.loop_settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
 from prmloop.flows.loop_watch import (
     CommittedOffsets,
     EngineMeter,
     EventWatch,
-    cpu_seconds,
-    rss_mib,
-    rss_summary,
 )
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
@@ -69,7 +67,7 @@ MAX_QUEUE = 500
 KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
 
 
-class Loop:
+class Loop(LoopReport):
     """The streaming loop's driver (see the module docstring): :meth:`start`, :meth:`run`, :meth:`stop`."""
 
     def __init__(
@@ -396,66 +394,6 @@ class Loop:
 
     def _busy(self, name: str) -> bool:
         return any(t.name == name and t.is_alive() for t in self._threads)
-
-    def _sample_rss(self) -> None:
-        from prmloop.flows.stack import running_services
-
-        at = self.status.elapsed()
-        for name, record in running_services(self.state).items():
-            rss = rss_mib(record.pid)
-            if rss is not None:
-                self.status.rss.setdefault(name, []).append((round(at, 1), rss))
-            cpu = cpu_seconds(record.pid)
-            if cpu is not None:
-                self.status.cpu_s[name] = cpu
-        own = rss_mib(os.getpid(), descendants=False)  # the services it started are counted on their own
-        if own is not None:
-            self.status.rss.setdefault("driver", []).append((round(at, 1), own))
-        own_cpu = cpu_seconds(os.getpid(), descendants=False)
-        if own_cpu is not None:
-            self.status.cpu_s["driver"] = own_cpu
-
-    # -- results -------------------------------------------------------------------------------------
-    def result(self, warm_up_s: float = 60.0) -> dict[str, Any]:
-        """The run in figures: what the bench, the demo's summary and the soak report. The engine's busy
-        fraction "after warm-up" counts from ``warm_up_s`` after the first feed began."""
-        wall = self.status.elapsed()
-        totals = self.watch.snapshot() if self.watch else None
-        accepted = totals.accepted if totals else 0
-        tokens = totals.generated_tokens if totals else 0
-        engine_tokens = self.meter.generated_tokens() if self.meter else None
-        trained = [r for r in self.status.retrains if r.f1 is not None]
-        warm = (self.status.first_feed_at or 0.0) + warm_up_s
-        return {
-            "engine": self.status.engine,
-            "wall_s": round(wall, 1),
-            "accepted_labels": accepted,
-            "accepted_with_error": totals.accepted_errors if totals else 0,
-            "rejected_labels": totals.counts["LabelsRejected"] if totals else 0,
-            "mc_labels": totals.counts["StepsLabeled"] if totals else 0,
-            "solutions": totals.counts["SolutionSampled"] if totals else 0,
-            "accepted_per_minute": round(accepted / (wall / 60.0), 3) if wall > 0 else 0.0,
-            "generated_tokens": tokens,
-            "engine_generated_tokens": engine_tokens,
-            "accepted_per_1k_tokens": round(1000.0 * accepted / tokens, 3) if tokens else 0.0,
-            "engine_busy_fraction": _round(self.meter.busy_fraction(since_s=warm) if self.meter else None),
-            "engine_busy_fraction_all": _round(self.meter.busy_fraction() if self.meter else None),
-            "prefix_cache_hit_rate": _round(self.meter.prefix_cache_hit_rate() if self.meter else None),
-            "f1_curve": [[round(r.at_s, 1), round(r.f1, 4)] for r in trained if r.f1 is not None],
-            "retrains": [r.__dict__ for r in self.status.retrains],
-            "feeds": self.status.feeds,
-            "stage_overlap": round(totals.stage_overlap(), 3) if totals else 0.0,
-            "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
-            "rss_mib": self.status.rss,
-            "rss_summary": rss_summary(self.status.rss),
-            "cpu_s": dict(self.status.cpu_s),
-            "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
-            "errors": [self.status.last_error] if self.status.last_error else [],
-        }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def _engine_unavailable() -> str | None:
