@@ -133,6 +133,12 @@ class Loop(LoopReport):
         if engine_url is not None:
             self.status.engine, self.status.engine_url = "vllm", engine_url
             self.meter = EngineMeter(engine_url, started=self.status.started).start()
+            if self.s.threads is None:
+                import torch
+
+                # The engine has the cores; this process's models (the PRM's backbone: features for the
+                # retrains and the prioritizer) run on one thread beside it, as the services' do.
+                torch.set_num_threads(1)
         url = prefect_api_url(self.state)
         if url and self.use_prefect:
             os.environ["PREFECT_API_URL"] = url
