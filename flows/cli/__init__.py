@@ -17,6 +17,7 @@ from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
 from prmloop.store.codec import PublishError
+from prmloop.store.credentials import CredentialsError
 from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 from prmloop.store.lake import LakeError
 
@@ -33,6 +34,7 @@ def main() -> None:
         _error(validation_message(exc))
     except (
         BrokerError,
+        CredentialsError,
         PublishError,
         ReadOnlyViolation,
         StoreLocked,

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
+from prmloop.store.credentials import private_files, secure_home
 from prmloop.store.duck import locate
 from prmloop.store.lake import is_lake_spec
 from prmloop.store.settings import StateSettings
@@ -92,8 +93,10 @@ def _root(
     ctx: typer.Context, verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress")] = False
 ) -> None:
     _setup_logging(verbose)
+    # What prmloop writes is its user's alone: files 0600 in a home closed to other users.
+    private_files()
+    home = secure_home(StateSettings().home)
     # Prefect's state goes under $PRMLOOP_HOME, not the ~/.prefect every other Prefect run shares.
-    home = StateSettings().home
     ctx.with_resource(isolate_prefect_state(home))
     # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
     if not USER_CHOSE_PREFECT and "prefect" not in sys.modules:
