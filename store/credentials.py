@@ -16,15 +16,14 @@ What it holds (ARCHITECTURE.md, "Who may do what"):
 - ``signing_key``: signs the events that change what the loop runs (a promoted PRM, a calibration).
 
 Files prmloop writes are private too: :func:`private_files` sets the process's umask to 077, and
-:func:`secure_home` keeps the home closed to other users (0700; 0710 with the group of the user
-PostgreSQL runs as when prmloop runs as root, which needs to traverse it to its data folder).
+:func:`secure_home` keeps the home closed to other users (0700; when prmloop runs as root, an ACL
+lets the user PostgreSQL runs as, and no one else, traverse it to its data folder).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import grp
 import json
 import os
 import secrets
@@ -92,26 +91,30 @@ def _complete(found: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _postgres_gid() -> int | None:
-    if os.geteuid() != 0:
-        return None
+#: The extended attribute of a folder's access ACL (Linux): where PostgreSQL's user gets its search bit.
+ACL_XATTR = "system.posix_acl_access"
+
+
+def acl_grants(path: Path) -> bool:
+    """``path`` has an access ACL (given by :func:`~prmloop.store.pg_auth.grant_traversal`): its group bits
+    are the ACL's mask then, and must keep the search bit."""
     try:
-        return grp.getgrnam(POSTGRES_SYSTEM_USER).gr_gid
-    except KeyError:
-        return None
+        return bool(os.getxattr(path, ACL_XATTR))
+    except OSError:
+        return False
 
 
 def secure_home(home: Path) -> Path:
     """Create ``home`` (mode 0700) or close an existing one to other users; returns it.
 
     When prmloop runs as root, PostgreSQL runs as ``pgserver`` and must traverse the home to its data
-    folder: a home whose group is pgserver's keeps that group's search bit (0710), nothing more.
+    folder: an ACL gives that user (and no one else) the search bit, and the mode keeps it (0710).
     """
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = home.stat()
     if st.st_uid != os.geteuid():
         return home  # not ours to change (a shared folder the user chose): its files are still 0600
-    wanted = 0o700 | (0o010 if st.st_gid == _postgres_gid() else 0)
+    wanted = 0o700 | (0o010 if acl_grants(home) else 0)
     if stat.S_IMODE(st.st_mode) != wanted:
         home.chmod(wanted)
     return home
@@ -127,7 +130,6 @@ def _close_old_files(home: Path) -> None:
     0644): done once, when the credentials file is first created. Folders of another owner (a
     PostgreSQL cluster's, owned by pgserver) are left as they are."""
     uid = os.geteuid()
-    group_search = _postgres_gid()
     for root, dirs, files in os.walk(home):
         kept = []
         for name in [*dirs, *files]:
@@ -141,7 +143,7 @@ def _close_old_files(home: Path) -> None:
             if name in dirs:
                 kept.append(name)
             mode = stat.S_IMODE(st.st_mode)
-            wanted = mode & 0o700 | (0o010 if stat.S_ISDIR(st.st_mode) and st.st_gid == group_search else 0)
+            wanted = mode & 0o700 | (0o010 if stat.S_ISDIR(st.st_mode) and acl_grants(path) else 0)
             if mode != wanted:
                 with contextlib.suppress(OSError):
                     path.chmod(wanted)
@@ -271,6 +273,8 @@ def load_credentials(home: Path | None = None) -> Credentials:
             "PRMLOOP_HOME must be a folder this user can write"
         ) from exc
     credentials = Credentials(home, found)
+    for role in ROLES:
+        credentials.passfile(role)
     st = path.stat()
     _CACHE[home] = ((st.st_ino, st.st_mtime_ns), credentials)
     return credentials

@@ -26,6 +26,7 @@ from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.lake import LakeStore, ensure_schema, local_postgres
+from prmloop.store.settings import StateSettings
 
 
 def bench_sink_lake(
@@ -58,7 +59,8 @@ def bench_sink_lake(
                 **os.environ,
                 "KAFKA_BOOTSTRAP_SERVERS": servers,
                 "PRMLOOP_STORE": store.spec,
-                "PRMLOOP_HOME": str(Path(tmp) / "home"),
+                # The bench's own home: the sinks reach the catalog with the roles its credentials made.
+                "PRMLOOP_HOME": str(StateSettings().home),
             }
             procs = [
                 subprocess.Popen(

@@ -54,7 +54,7 @@ class Stores:
 
 def _owner_backends(con: duckdb.DuckDBPyConnection) -> list[int]:
     """The PostgreSQL sessions of the catalog's owner (the sinks'), as the writer sees them."""
-    sql = "SELECT pid FROM pg_stat_activity WHERE usename = ''postgres'' AND backend_type = ''client backend''"
+    sql = "SELECT pid FROM pg_stat_activity WHERE usename = ''prmloop_sink'' AND backend_type = ''client backend''"
     return [int(r[0]) for r in con.execute(f"SELECT * FROM postgres_query('{METADATA_CATALOG}', '{sql}')").fetchall()]
 
 
