@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prmloop.flows.prefect_home import prefect_auth_environment
 from prmloop.flows.stack import ServiceState, last_log_line
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.broker import free_port, port_open
@@ -154,6 +155,7 @@ def cluster_env(state: StateSettings, ports: dict[str, int]) -> dict[str, str]:
         "PRMLOOP_STORE": lake,
         "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
         "PREFECT_HOME": str(state.home / "prefect-cluster"),
+        **prefect_auth_environment(state.home),
     }
     assert all(v in env for v in SHARED_VARIABLES)
     return env

@@ -34,6 +34,7 @@ from prmloop.flows.engine import (
     default_threads,
     engine_command,
     engine_environment,
+    engine_key_environment,
     vllm_python,
     wait_ready,
 )
@@ -168,7 +169,7 @@ def bench_engines(
         result["vllm_inprocess"] = result["vllm_server"] = f"skipped: {exc}"
         python = model = None
     if python is not None and model is not None:
-        env = {**os.environ, **engine_environment(threads)}
+        env = {**os.environ, **engine_environment(threads), **engine_key_environment()}
         overrides = {} if dtype == default_dtype else {"dtype": dtype}
         if overrides:  # the in-process runs read it from their environment, the server from its flags
             env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), **overrides})
@@ -181,7 +182,11 @@ def bench_engines(
             say(f"vLLM server, {key}")
             with _server(python, model, caching, env, overrides) as (url, start_s):
                 client = TokenizedOpenAIBackend(
-                    "smollm2", tokenizer=load_tokenizer("smollm2"), base_url=url, max_concurrency=workload.n_prompts
+                    "smollm2",
+                    tokenizer=load_tokenizer("smollm2"),
+                    base_url=url,
+                    api_key=env["VLLM_API_KEY"],
+                    max_concurrency=workload.n_prompts,
                 )
                 with client:
                     server[key] = {"start_s": round(start_s, 1), **run_workload(client, workload, sampling=caching)}

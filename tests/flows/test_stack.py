@@ -113,7 +113,14 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
             "        print(names)\n"
             "asyncio.run(main())\n"
         )
-        env = {**os.environ, "PREFECT_API_URL": url}
+        from prmloop.store.credentials import load_credentials
+
+        # The server asks for the credentials' auth string (issue 39): a client without it gets 401.
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": url,
+            "PREFECT_API_AUTH_STRING": load_credentials(tmp_path).prefect_auth_string,
+        }
         out = subprocess.run(
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False
         )

@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from prmloop.store.credentials import CREDENTIALS_FILE, ROLES, load_credentials
+import pytest
+
+from prmloop.store.credentials import CREDENTIALS_FILE, ROLES, CredentialsError, load_credentials
 
 
 def _mode(path: Path) -> int:
@@ -77,14 +79,10 @@ def test_a_secret_missing_from_an_older_file_is_added_and_the_others_kept(tmp_pa
 
 
 def test_an_unreadable_credentials_file_is_one_line_naming_it(tmp_path: Path) -> None:
-    import pytest
-
-    from prmloop.store.credentials import CredentialsError
-
     home = tmp_path / "home"
     home.mkdir()
     (home / CREDENTIALS_FILE).write_text("{not json")
-    with pytest.raises(CredentialsError, match="credentials.json.*remove it to generate new secrets"):
+    with pytest.raises(CredentialsError, match=r"credentials\.json.*remove it to generate new secrets"):
         load_credentials(home)
 
 
