@@ -378,6 +378,9 @@ class ModelRegistered(Payload):
     train_examples: Count64
     parameters: dict[str, JsonData] = Field(default_factory=dict)
     metrics: dict[str, Real] = Field(default_factory=dict)
+    #: Set by the flow that made it (store/signing.py); None in events of older prmloops, which are
+    #: therefore never put in force. An optional field with that default: old events read as they are.
+    signature: str | None = Field(default=None, description="hmac-sha256:<hex> of the rest, by prmloop's key")
 
 
 class CalibrationFitted(Payload):
@@ -392,6 +395,7 @@ class CalibrationFitted(Payload):
     fit: dict[str, JsonData] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
     calibration_split: str
     metrics: dict[str, Real] = Field(default_factory=dict)
+    signature: str | None = Field(default=None, description="hmac-sha256:<hex> of the rest, by prmloop's key")
 
 
 AnyPayload: TypeAlias = Annotated[
