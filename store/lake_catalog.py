@@ -174,6 +174,17 @@ def release_local_postgres(directory: str | Path) -> None:
         server.cleanup()
 
 
+def served_form(store: LakeStore) -> LakeStore:
+    """The same lake as a ``postgres:`` catalog: for a pgserver catalog, its local PostgreSQL started (or
+    joined) by this process, which holds it for as long as it runs; another process then reaches that
+    server without holding it (``prmloop sql``'s query process: if DuckDB crashes there, nothing is left
+    holding the catalog). Passwords stay in their passfiles."""
+    if not store.catalog.startswith("pgserver:"):
+        return store
+    reader = conninfo(store, reader=True)
+    return LakeStore(f"postgres:{conninfo(store)}", store.data_path, reader=reader)
+
+
 def conninfo(store: LakeStore, *, reader: bool = False) -> str:
     """The libpq conninfo of the catalog, for a writer or (``reader=True``) for a reader."""
     kind, _, where = store.catalog.partition(":")
