@@ -218,32 +218,33 @@ def _acl(mode: int, uid: int) -> bytes:
     return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, who) for tag, perm, who in entries)
 
 
-def grant_traversal(path: Path, ids: tuple[int, int], home: Path | None) -> None:
-    """Let the user ``ids`` (PostgreSQL's, when prmloop runs as root) reach ``path``: each folder above
-    it gets the search bit for it and nothing more. Within ``home`` (the home included) through an ACL
-    naming that user alone, so the home stays closed to every other user (where the file system has no
-    ACLs, the search bit for everyone: what is inside is 0600/0700 still); above the home, for group and
-    others (as pgserver does, which runs PostgreSQL as that user with root's group, without read)."""
-    uid = ids[0]
-    home = home.resolve() if home is not None else None
+def _can_search(folder: Path, ids: tuple[int, int]) -> bool:
+    """The user ``ids`` can search ``folder``, whether it runs with its own group (prmloop's PostgreSQL)
+    or with root's (pgserver's, which changes the user only), by mode or by an ACL naming it."""
+    st = folder.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == ids[0]:
+        return bool(mode & stat.S_IXUSR)
+    if acl_grants(folder) and mode & stat.S_IXGRP:  # our ACL: the user named, the mask letting it search
+        return True
+    return all(bool(mode & (stat.S_IXGRP if st.st_gid == gid else stat.S_IXOTH)) for gid in {ids[1], 0})
+
+
+def grant_traversal(path: Path, ids: tuple[int, int]) -> None:
+    """Let the user ``ids`` (PostgreSQL's, when prmloop runs as root) reach ``path``: each folder above it
+    that this user cannot search gets the search bit for it and nothing more, through an ACL naming that
+    user alone, so a home stays closed to every other user (pgserver would open every folder above to
+    everyone, read included). Where the file system has no ACLs, the search bit for group and others."""
     for folder in path.resolve().parents:
-        st = folder.stat()
-        mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid == uid and mode & stat.S_IXUSR:
+        if _can_search(folder, ids):
             continue
-        inside = home is not None and (folder == home or home in folder.parents)
-        if inside and st.st_uid == os.geteuid():
-            if acl_grants(folder) and mode & stat.S_IXGRP:
-                continue
-            try:
-                os.setxattr(folder, ACL_XATTR, _acl(mode, uid))
-                continue
-            except OSError:
-                pass  # no ACLs here
-            if not mode & stat.S_IXOTH:
-                folder.chmod(mode | stat.S_IXOTH)
-        elif mode & 0o011 != 0o011:
-            folder.chmod(mode | 0o011)
+        mode = stat.S_IMODE(folder.stat().st_mode)
+        try:
+            os.setxattr(folder, ACL_XATTR, _acl(mode, ids[0]))
+            continue
+        except OSError:
+            pass  # no ACLs here, or not our folder
+        folder.chmod(mode | 0o011)
 
 
 def system_user_ids(name: str) -> tuple[int, int]:

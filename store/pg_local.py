@@ -9,8 +9,8 @@ the sinks connect as ``prmloop_sink``, readers as ``prmloop_reader``, the broker
 ``prmloop_broker``: with a password each, from a passfile of their own.
 
 When prmloop runs as root, pgserver runs PostgreSQL as the user ``pgserver`` and would open every
-folder above the cluster to everyone (g+rx,o+rx): here only the search bit is given, and within
-``$PRMLOOP_HOME`` only to that user's group (:func:`~prmloop.store.pg_auth.grant_traversal`).
+folder above the cluster to everyone (g+rx,o+rx): here only the search bit is given, to that user alone
+(an ACL: :func:`~prmloop.store.pg_auth.grant_traversal`), so a home stays closed to everyone else.
 """
 
 from __future__ import annotations
@@ -215,8 +215,8 @@ def start_local_postgres(
     folder.parent.mkdir(parents=True, exist_ok=True)
     if ids is not None:
         # pgserver would open every folder above the cluster, and its binaries', to everyone.
-        pgserver.postgres_server.ensure_prefix_permissions = lambda path: grant_traversal(path, ids, home)
-        grant_traversal(folder, ids, home)
+        pgserver.postgres_server.ensure_prefix_permissions = lambda path: grant_traversal(path, ids)
+        grant_traversal(folder, ids)
     logging.getLogger("pgserver").setLevel(logging.CRITICAL)  # our errors below are one line
     if not (folder / "PG_VERSION").exists():
         _initdb(folder, ids, credentials)

@@ -137,7 +137,7 @@ def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None, credential
     """A new cluster asks every role for its password from the start; one an older prmloop made with
     ``trust`` is converted before it listens (its administration password set in single-user mode)."""
     if ids is not None and data_dir.exists():
-        grant_traversal(data_dir, ids, StateSettings().home)  # the postgres user must reach its folder
+        grant_traversal(data_dir, ids)  # the postgres user must reach its folder
     if (data_dir / "PG_VERSION").exists():
         if not hba_is_prmloops(data_dir):
             set_admin_password_offline(
@@ -153,7 +153,7 @@ def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None, credential
     data_dir.mkdir(parents=True, exist_ok=True)
     if ids is not None:
         os.chown(data_dir, *ids)
-        grant_traversal(data_dir, ids, StateSettings().home)  # the postgres user must reach its folder
+        grant_traversal(data_dir, ids)  # the postgres user must reach its folder
     data_dir.chmod(0o700)
     with tempfile.TemporaryDirectory(prefix="prmloop-initdb-") as tmp:
         password_file = Path(tmp) / "password"
