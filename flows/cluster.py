@@ -193,8 +193,16 @@ def _argv(service: Service) -> list[str]:
 def cluster_up(
     *, state: StateSettings | None = None, engine: str = "simulator", say: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Start every process of the cluster that is not running (see the module's docstring)."""
+    """Start every process of the cluster that is not running (see the module's docstring); one at a
+    time per home (:mod:`prmloop.flows.home_lock`)."""
+    from prmloop.flows.home_lock import home_lock
+
     state = state or StateSettings()
+    with home_lock(state, name="up-cluster", command="prmloop up --cluster", say=say):
+        return _cluster_up(state=state, engine=engine, say=say)
+
+
+def _cluster_up(*, state: StateSettings, engine: str, say: Callable[[str], None]) -> dict[str, Any]:
     _dir(state).mkdir(parents=True, exist_ok=True)
     ports = _ports(state)
     env = cluster_env(state, ports)
@@ -277,11 +285,11 @@ def cluster_up(
         )
         for name in names:
             start(name, _argv(service), native_engine(service, engine))
-    retried = _retry_orphans(url, say)
+    retried = _retry_orphans(url, state, say)
     return {"home": str(state.home), "started": started, "retried_flow_runs": retried, "report": cluster_report(state)}
 
 
-def _retry_orphans(url: str, say: Callable[[str], None]) -> list[dict[str, Any]]:
+def _retry_orphans(url: str, state: StateSettings, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Schedule again the flow runs a dead worker left behind (their worker was just restarted, or its
     siblings in the pool are running: either picks them up)."""
     from prmloop.flows.cluster_runs import retry_orphaned_runs
@@ -289,7 +297,7 @@ def _retry_orphans(url: str, say: Callable[[str], None]) -> list[dict[str, Any]]
     if not _http_ok(url + "/health"):
         say("the Prefect server does not answer: flow runs of dead workers not checked (run up --cluster again)")
         return []
-    retried = retry_orphaned_runs(url)
+    retried = retry_orphaned_runs(url, auth=load_credentials(state.home).prefect_auth_string)
     for run in retried:
         say(
             f"flow run {run['name']} ({run['id']}) was {run['was'].lower()} in pid {run['pid']}, which is gone: "

@@ -293,8 +293,18 @@ def up(
 
     When it starts the broker while Kafka services run (the old broker died), it waits up to
     ``follow_timeout_s`` for each to move to the new broker, and restarts the ones that do not.
+    One ``up`` at a time per home (:mod:`prmloop.flows.home_lock`): a second waits for the first.
     """
+    from prmloop.flows.home_lock import home_lock
+
     state = state or StateSettings()
+    with home_lock(state, say=say):
+        return _up(services, state=state, say=say, follow_timeout_s=follow_timeout_s)
+
+
+def _up(
+    services: Sequence[str], *, state: StateSettings, say: Callable[[str], None], follow_timeout_s: float
+) -> dict[str, Any]:
     unknown = [s for s in services if s not in SERVICES]
     if unknown:
         raise ValueError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")

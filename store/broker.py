@@ -319,6 +319,10 @@ class BrokerInfo:
     cluster_id: str | None = None
     pid: int | None = None
     broker_pid: int | None = None
+    #: Tansu runs in a network namespace of its own (reachable through its gate by this user only);
+    #: None: an older prmloop wrote the file.
+    isolated: bool | None = None
+    why_not_isolated: str | None = None
 
     @property
     def reachable(self) -> bool:
@@ -362,7 +366,16 @@ def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
         return value if isinstance(value, int) else None
 
     cluster = info.get("cluster_id")
-    return BrokerInfo(servers, str(cluster) if cluster else None, number("pid"), number("broker_pid"))
+    isolated = info.get("isolated")
+    why = info.get("why_not_isolated")
+    return BrokerInfo(
+        servers,
+        str(cluster) if cluster else None,
+        number("pid"),
+        number("broker_pid"),
+        isolated if isinstance(isolated, bool) else None,
+        str(why) if why else None,
+    )
 
 
 #: The brokers this process found through ``broker.json``, by address, with where the file was: a

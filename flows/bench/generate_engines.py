@@ -39,7 +39,7 @@ from prmloop.flows.engine import (
     wait_ready,
 )
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
-from prmloop.store.broker import free_port
+from prmloop.store.broker import free_port, parent_death_signal
 
 __all__ = ["bench_engines", "cpu_flags"]
 
@@ -91,6 +91,8 @@ def _server(
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            # SIGKILLed with this process, whatever ends it (SIGTERM goes through the finally below).
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509
         )
     try:
         if not wait_ready(url, 600, lambda: process.poll() is None):

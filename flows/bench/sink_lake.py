@@ -23,6 +23,7 @@ from typing import Any
 
 from prmloop.flows.bench.sink import bench_broker, latency_summary, percentile, publish_paced, raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
+from prmloop.store.broker import parent_death_signal
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.lake import LakeStore, ensure_schema, local_postgres
@@ -77,6 +78,7 @@ def bench_sink_lake(
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
+                    preexec_fn=parent_death_signal(),  # noqa: PLW1509 - never outlives the bench
                 )
                 for _ in range(sinks)
             ]

@@ -96,6 +96,7 @@ def _root(
     # What prmloop writes is its user's alone: files 0600 in a home closed to other users.
     private_files()
     home = secure_home(StateSettings().home)
+    _exit_cleanly_on_signals(ctx)
     # Prefect's state goes under $PRMLOOP_HOME, not the ~/.prefect every other Prefect run shares.
     ctx.with_resource(isolate_prefect_state(home))
     # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
@@ -105,6 +106,21 @@ def _root(
         url = prefect_api_url(StateSettings(home=home))
         if url:
             os.environ["PREFECT_API_URL"] = url
+
+
+def _exit_cleanly_on_signals(ctx: typer.Context) -> None:
+    """SIGTERM or SIGHUP end the command as Ctrl-C would, through its ``finally`` blocks and context
+    managers: a server it started for itself (the vLLM server of `bench generate`, the query process of
+    `sql`, a bench's sinks) is stopped, never left behind with parent 1. Commands that stop their own
+    way install their own handlers over this one (the broker, the services, the demo)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    ctx.call_on_close(lambda: [signal.signal(sig, handler) for sig, handler in previous.items()])
 
 
 def stop_on_signals() -> threading.Event:

@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 
 from prmloop.flows.cli.app import print_error
+from prmloop.store.broker import parent_death_signal
 from prmloop.store.duck import locate
 from prmloop.store.lake import LakeStore
 
@@ -43,7 +44,15 @@ def run_in_query_process(store: Path | str, query: str, *, fmt: str, timeout: fl
     spec = served_form(located).spec if isinstance(located, LakeStore) else str(located)
     env = {**os.environ, CHILD: "1", "PRMLOOP_STORE": spec}
     argv = [sys.executable, "-m", "prmloop.flows.cli", "sql", query, "--format", fmt, "--timeout", str(timeout)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        argv,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=parent_death_signal(),
+        check=False,
+    )
     if done.stdout:
         typer.echo(done.stdout, nl=False)
     if done.returncode < 0:

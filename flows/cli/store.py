@@ -210,6 +210,9 @@ def status(
             "from": "KAFKA_BOOTSTRAP_SERVERS" if configured else "broker.json",
             **({"cluster_id": named.cluster_id} if named else {}),
             "reachable": servers is not None,
+            # Whether only this user reaches it (Tansu in a network namespace of its own), and why not.
+            **({"isolated": named.isolated} if named is not None and named.isolated is not None else {}),
+            **({"why_not_isolated": named.why_not_isolated} if named is not None and named.why_not_isolated else {}),
         }
     else:
         addresses = cluster["bootstrap_servers"].split(",")
