@@ -378,9 +378,7 @@ class ModelRegistered(Payload):
     train_examples: Count64
     parameters: dict[str, JsonData] = Field(default_factory=dict)
     metrics: dict[str, Real] = Field(default_factory=dict)
-    #: Set by the flow that made it (store/signing.py); None in events of older prmloops, which are
-    #: therefore never put in force. An optional field with that default: old events read as they are.
-    signature: str | None = Field(default=None, description="hmac-sha256:<hex> of the rest, by prmloop's key")
+    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/signing.py)")
 
 
 class CalibrationFitted(Payload):
@@ -395,7 +393,7 @@ class CalibrationFitted(Payload):
     fit: dict[str, JsonData] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
     calibration_split: str
     metrics: dict[str, Real] = Field(default_factory=dict)
-    signature: str | None = Field(default=None, description="hmac-sha256:<hex> of the rest, by prmloop's key")
+    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/signing.py)")
 
 
 AnyPayload: TypeAlias = Annotated[
