@@ -187,8 +187,8 @@ def _kind_table(kind: str, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         value = r["metrics"].get(metric) if metric else None
         status = "in force" if r["in_force"] else "superseded" if r["promoted"] else "not promoted"
-        if r["signature"] != "verified":  # not made by prmloop's flows (or an older prmloop)
-            status = f"unverified ({r['signature']}): never in force"
+        if r["signature"] != "verified":  # not made by prmloop's flows (or an older prmloop): never in force
+            status = "not used: " + {"bad signature": "bad sig"}.get(r["signature"], r["signature"])
         registered = r["registered_at"]
         when = registered.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if isinstance(registered, datetime) else ""
         table.add_row(
