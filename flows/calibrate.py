@@ -21,6 +21,7 @@ from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluat
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
 from prmloop.models.aggregation.selection import CALIBRATED_METHODS
 from prmloop.store.events import CalibrationFitted
+from prmloop.store.signing import sign
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ def calibration_fitted_payload(fit: AggregationCalibration, *, split: str) -> Ca
     """The ``CalibrationFitted`` payload for a fit: one event per (generator, PRM, score rule) with
     every calibrated method's parameters; ``AggregationCalibration.model_validate(payload.fit)``
     restores the record at selection time. ``calibration_id`` is a content hash of what was
-    calibrated on what, so a re-run of the same fit yields the same id."""
+    calibrated on what, so a re-run of the same fit yields the same id. Signed with the credentials'
+    key (store/signing.py): only a fit prmloop made is ever put in force."""
     ident = json.dumps(
         [
             fit.schema_version,
@@ -69,7 +71,7 @@ def calibration_fitted_payload(fit: AggregationCalibration, *, split: str) -> Ca
             sorted(fit.calibration_question_ids),
         ]
     )
-    return CalibrationFitted(
+    unsigned = CalibrationFitted(
         calibration_id="cal-" + hashlib.sha256(ident.encode()).hexdigest()[:16],
         generator=fit.generator,
         prm=fit.prm_name,
@@ -79,6 +81,7 @@ def calibration_fitted_payload(fit: AggregationCalibration, *, split: str) -> Ca
         calibration_split=split,
         metrics=dict(fit.calibration_accuracy),
     )
+    return sign(unsigned)
 
 
 def _png_markdown(path: str, title: str) -> str:

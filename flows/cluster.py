@@ -27,11 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prmloop.flows.prefect_home import prefect_auth_environment
 from prmloop.flows.stack import ServiceState, last_log_line
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.broker import free_port, port_open
+from prmloop.store.credentials import BROKER_ROLE, PREFECT_ROLE, READER_ROLE, SINK_ROLE, load_credentials
 from prmloop.store.follow import read_links
-from prmloop.store.lake_catalog import READER_ROLE
 from prmloop.store.settings import StateSettings
 
 __all__ = ["ROOT", "cluster_connection", "cluster_down", "cluster_report", "cluster_up", "process_names"]
@@ -140,9 +141,12 @@ def _cli(*args: str) -> list[str]:
 def cluster_env(state: StateSettings, ports: dict[str, int]) -> dict[str, str]:
     """What every prmloop process of the cluster reads (the compose file's ``x-prmloop`` environment)."""
     pg = ports["postgres"]
+    credentials = load_credentials(state.home)
+    # Each role's password in a passfile of its own: the conninfo names the file, never the password.
     lake = (
-        f"ducklake:postgres:dbname=prmloop_lake host=127.0.0.1 port={pg} user=postgres"
-        f"#reader=user={READER_ROLE}#data={state.home / 'lake'}"
+        f"ducklake:postgres:dbname=prmloop_lake host=127.0.0.1 port={pg} user={SINK_ROLE} "
+        f"passfile={credentials.passfile(SINK_ROLE)}"
+        f"#reader=user={READER_ROLE} passfile={credentials.passfile(READER_ROLE)}#data={state.home / 'lake'}"
     )
     env = {
         **os.environ,
@@ -151,6 +155,7 @@ def cluster_env(state: StateSettings, ports: dict[str, int]) -> dict[str, str]:
         "PRMLOOP_STORE": lake,
         "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
         "PREFECT_HOME": str(state.home / "prefect-cluster"),
+        **prefect_auth_environment(state.home),
     }
     assert all(v in env for v in SHARED_VARIABLES)
     return env
@@ -188,8 +193,16 @@ def _argv(service: Service) -> list[str]:
 def cluster_up(
     *, state: StateSettings | None = None, engine: str = "simulator", say: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    """Start every process of the cluster that is not running (see the module's docstring)."""
+    """Start every process of the cluster that is not running (see the module's docstring); one at a
+    time per home (:mod:`prmloop.flows.home_lock`)."""
+    from prmloop.flows.home_lock import home_lock
+
     state = state or StateSettings()
+    with home_lock(state, name="up-cluster", command="prmloop up --cluster", say=say):
+        return _cluster_up(state=state, engine=engine, say=say)
+
+
+def _cluster_up(*, state: StateSettings, engine: str, say: Callable[[str], None]) -> dict[str, Any]:
     _dir(state).mkdir(parents=True, exist_ok=True)
     ports = _ports(state)
     env = cluster_env(state, ports)
@@ -219,14 +232,14 @@ def cluster_up(
         ),
     )
     if record is not None:
-        from prmloop.store.lake_catalog import reader_role_sql
-        from prmloop.store.postgres import create_databases, run_sql, wait_ready
+        from prmloop.store.postgres import prepare_server, wait_ready
 
         wait_ready("127.0.0.1", pg, timeout_s=90)
-        create_databases("127.0.0.1", pg, DATABASES)
-        # `prmloop sql` reads the lake as a role that may only read it (the sinks write as postgres).
-        run_sql("127.0.0.1", pg, "prmloop_lake", reader_role_sql("prmloop_lake"))
-    storage = f"postgresql://postgres@127.0.0.1:{pg}/prmloop_broker"
+        # The server sets up its roles and databases itself once it answers; this does it too (idempotent)
+        # so that nothing below starts before they exist. Each service connects as its own role.
+        prepare_server("127.0.0.1", pg, DATABASES, credentials=load_credentials(state.home))
+    passfile = load_credentials(state.home).passfile
+    storage = f"postgresql://{BROKER_ROLE}@127.0.0.1:{pg}/prmloop_broker?passfile={passfile(BROKER_ROLE)}"
     for name in BROKERS:
         argv = _cli(
             "broker",
@@ -246,7 +259,9 @@ def cluster_up(
     url = f"http://127.0.0.1:{ports['prefect']}/api"
     prefect = str(Path(sys.executable).with_name("prefect"))
     server_env = {
-        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://postgres@127.0.0.1:{pg}/prefect",
+        # asyncpg finds the role's password in PGPASSFILE: no password in the URL.
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{PREFECT_ROLE}@127.0.0.1:{pg}/prefect",
+        "PGPASSFILE": str(passfile(PREFECT_ROLE)),
         "PREFECT_SERVER_API_PORT": str(ports["prefect"]),
         "PREFECT_UI_API_URL": url,
     }
@@ -270,11 +285,11 @@ def cluster_up(
         )
         for name in names:
             start(name, _argv(service), native_engine(service, engine))
-    retried = _retry_orphans(url, say)
+    retried = _retry_orphans(url, state, say)
     return {"home": str(state.home), "started": started, "retried_flow_runs": retried, "report": cluster_report(state)}
 
 
-def _retry_orphans(url: str, say: Callable[[str], None]) -> list[dict[str, Any]]:
+def _retry_orphans(url: str, state: StateSettings, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Schedule again the flow runs a dead worker left behind (their worker was just restarted, or its
     siblings in the pool are running: either picks them up)."""
     from prmloop.flows.cluster_runs import retry_orphaned_runs
@@ -282,7 +297,7 @@ def _retry_orphans(url: str, say: Callable[[str], None]) -> list[dict[str, Any]]
     if not _http_ok(url + "/health"):
         say("the Prefect server does not answer: flow runs of dead workers not checked (run up --cluster again)")
         return []
-    retried = retry_orphaned_runs(url)
+    retried = retry_orphaned_runs(url, auth=load_credentials(state.home).prefect_auth_string)
     for run in retried:
         say(
             f"flow run {run['name']} ({run['id']}) was {run['was'].lower()} in pid {run['pid']}, which is gone: "

@@ -32,10 +32,18 @@ def _runs_prefect(pid: int) -> bool:
     return not stat.split(") ", 1)[-1].startswith("Z") and b"prefect" in cmdline
 
 
-def orphaned_runs(api_url: str, *, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+def _auth(auth_string: str | None) -> tuple[str, str] | None:
+    """The server's basic-auth string (``user:password``; every server prmloop starts asks for one)."""
+    if not auth_string:
+        return None
+    user, _, password = auth_string.partition(":")
+    return user, password
+
+
+def orphaned_runs(api_url: str, *, auth: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Flow runs of deployments, pending or running on this machine in a process that is gone."""
     body = {"flow_runs": {"state": {"type": {"any_": list(_ACTIVE)}}}, "limit": 200}
-    response = httpx.post(f"{api_url}/flow_runs/filter", json=body, timeout=timeout_s)
+    response = httpx.post(f"{api_url}/flow_runs/filter", json=body, auth=_auth(auth), timeout=timeout_s)
     response.raise_for_status()
     orphans = []
     for run in response.json():
@@ -45,11 +53,11 @@ def orphaned_runs(api_url: str, *, timeout_s: float = 10.0) -> list[dict[str, An
     return orphans
 
 
-def retry_orphaned_runs(api_url: str, *, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+def retry_orphaned_runs(api_url: str, *, auth: str | None = None, timeout_s: float = 10.0) -> list[dict[str, Any]]:
     """Mark each orphaned run ``CRASHED`` and schedule it again; returns ``{id, name, pid, was}`` of each."""
     retried = []
-    with httpx.Client(base_url=api_url, timeout=timeout_s) as http:
-        for run in orphaned_runs(api_url, timeout_s=timeout_s):
+    with httpx.Client(base_url=api_url, auth=_auth(auth), timeout=timeout_s) as http:
+        for run in orphaned_runs(api_url, auth=auth, timeout_s=timeout_s):
             pid, was = run["infrastructure_pid"], run["state_type"]
             crashed = {
                 "type": "CRASHED",

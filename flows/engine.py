@@ -28,6 +28,9 @@ Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTUR
 - ``--no-enable-chunked-prefill`` with a 4,096-token context: a seeded request prefilled in chunks
   crashes the CPU build's engine (``prmloop bench generate``'s 8 prompts x n=8 did).
 - ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB): 46,592 tokens of KV cache, room for every prefix a loop reuses.
+
+The engine asks every ``/v1`` request for the credentials' API key (``VLLM_API_KEY``:
+:func:`engine_key_environment`); the services get it with its address (:func:`service_environment`).
 """
 
 from __future__ import annotations
@@ -49,12 +52,14 @@ from prmloop.models.backends.vllm_backend import (
     engine_flags,
     engine_options_from_environment,
 )
+from prmloop.store.credentials import load_credentials
 
 __all__ = [
     "ENGINE_SERVICES",
     "EngineError",
     "engine_command",
     "engine_environment",
+    "engine_key_environment",
     "engine_load",
     "engine_unavailable",
     "gpu_present",
@@ -227,13 +232,22 @@ def converted_model(python: Path) -> Path:
         raise EngineError(f"cannot convert the embedded GGUF for vLLM ({exc}); {_INSTALL_HINT}") from exc
 
 
-def service_environment(url: str) -> dict[str, str]:
-    """What points the services at the engine at ``url`` (its ``/v1`` root)."""
+def engine_key_environment(home: Path | None = None) -> dict[str, str]:
+    """What makes the engine ask for the credentials' API key (vLLM reads ``VLLM_API_KEY``; ``--api-key``
+    would show it to every user in the process list)."""
+    return {"VLLM_API_KEY": load_credentials(home).engine_api_key}
+
+
+def service_environment(url: str, home: Path | None = None) -> dict[str, str]:
+    """What points the services at the engine at ``url`` (its ``/v1`` root), with its API key (the
+    credentials of ``home``, default ``$PRMLOOP_HOME``)."""
+    key = load_credentials(home).engine_api_key
     env: dict[str, str] = {}
     for prefix in ENGINE_SERVICES:
         env[f"PRMLOOP_{prefix}_BACKEND"] = "openai"
         env[f"PRMLOOP_{prefix}_BASE_URL"] = url
         env[f"PRMLOOP_{prefix}_MODEL"] = SERVED_MODEL_NAME
+        env[f"PRMLOOP_{prefix}_API_KEY"] = key
     return env
 
 

@@ -174,12 +174,12 @@ class Loop(LoopReport):
         self.say(f"engine: vLLM unavailable ({reason}): transformers in each service instead")
         return False
 
-    @staticmethod
-    def _use_engine(url: str) -> None:
-        """Point what starts from here (services, feeds) at the engine; settings the user gave stay."""
+    def _use_engine(self, url: str) -> None:
+        """Point what starts from here (services, feeds) at the engine, with its API key (this loop's
+        home's credentials); settings the user gave stay."""
         from prmloop.flows.engine import service_environment
 
-        for key, value in service_environment(url).items():
+        for key, value in service_environment(url, self.home).items():
             os.environ.setdefault(key, value)
 
     def _engine_url(self) -> str | None:

@@ -7,6 +7,10 @@ attempting to connect to ephemeral Prefect API server" on a busy machine). prmlo
 ``PREFECT_API_URL`` set before prmloop started), and gives the ephemeral API more time to start on a
 loaded laptop.
 
+Every Prefect server prmloop starts asks for the basic-auth string of the credentials file
+(:func:`prefect_auth_environment`: ``server.api.auth_string`` for the server, ``api.auth_string`` for
+its clients), the ephemeral API's too: another user of the machine cannot run, read or cancel flows.
+
 Prefect reads its settings when it is first imported, so :func:`isolate_prefect_state` sets the
 environment when Prefect is not imported yet and enters Prefect's ``temporary_settings`` otherwise.
 """
@@ -19,7 +23,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["USER_CHOSE_PREFECT", "isolate_prefect_state", "prefect_home"]
+from prmloop.store.credentials import load_credentials
+
+__all__ = ["USER_CHOSE_PREFECT", "isolate_prefect_state", "prefect_auth_environment", "prefect_home"]
 
 #: The user configured Prefect themselves (evaluated once, before prmloop changes anything).
 USER_CHOSE_PREFECT = bool(os.environ.get("PREFECT_HOME") or os.environ.get("PREFECT_API_URL"))
@@ -33,6 +39,13 @@ def prefect_home(home: Path) -> Path:
     return home / "prefect"
 
 
+def prefect_auth_environment(home: Path) -> dict[str, str]:
+    """The variables that make a Prefect server started with them ask for the credentials' auth string,
+    and a client started with them send it."""
+    auth = load_credentials(home).prefect_auth_string
+    return {"PREFECT_SERVER_API_AUTH_STRING": auth, "PREFECT_API_AUTH_STRING": auth}
+
+
 @contextmanager
 def isolate_prefect_state(home: Path) -> Iterator[Path | None]:
     """Within the block, Prefect keeps its state under ``home/prefect`` (yielded); ``None`` when the
@@ -42,7 +55,11 @@ def isolate_prefect_state(home: Path) -> Iterator[Path | None]:
         return
     path = prefect_home(home)
     path.mkdir(parents=True, exist_ok=True)
-    updates = {"PREFECT_HOME": str(path), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": EPHEMERAL_STARTUP_S}
+    updates = {
+        "PREFECT_HOME": str(path),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": EPHEMERAL_STARTUP_S,
+        **prefect_auth_environment(home),
+    }
     if "prefect" not in sys.modules:
         saved = {k: os.environ.get(k) for k in updates}
         os.environ.update(updates)
@@ -55,9 +72,20 @@ def isolate_prefect_state(home: Path) -> Iterator[Path | None]:
                 else:
                     os.environ[key] = value
         return
-    from prefect.settings import PREFECT_HOME, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
+        PREFECT_HOME,
+        PREFECT_SERVER_API_AUTH_STRING,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
 
     with temporary_settings(
-        updates={PREFECT_HOME: str(path), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: int(EPHEMERAL_STARTUP_S)}
+        updates={
+            PREFECT_HOME: str(path),
+            PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: int(EPHEMERAL_STARTUP_S),
+            PREFECT_SERVER_API_AUTH_STRING: updates["PREFECT_SERVER_API_AUTH_STRING"],
+            PREFECT_API_AUTH_STRING: updates["PREFECT_API_AUTH_STRING"],
+        }
     ):
         yield path

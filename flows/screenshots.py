@@ -4,10 +4,12 @@ Opens the flow runs, deployments and artifacts pages (and the newest version of 
 Prefect server (the one ``prmloop up`` or ``prmloop demo`` started, or ``--url``) in Debian's
 ``chromium`` without a display, and saves one PNG per page. The UI is a single-page application, so
 Chromium is given virtual time to run its scripts and fetch from the API before the picture is taken.
+A server that asks for basic auth (every one prmloop starts) is opened through a proxy that logs in.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -36,7 +38,8 @@ ARTIFACT_KEYS = ("loop-learning-curve", "loop-summary", "loop-per-hour", "priori
 
 
 def latest_artifact_ids(api_url: str, keys: tuple[str, ...] = ARTIFACT_KEYS) -> dict[str, str]:
-    """Key -> id of the newest artifact with that key (keys with none are left out)."""
+    """Key -> id of the newest artifact with that key (keys with none are left out); ``api_url``: a
+    server that needs no login (the proxy of :func:`take_screenshots`)."""
     found = {}
     for key in keys:
         body = {"artifacts": {"key": {"any_": [key]}}, "sort": "UPDATED_DESC", "limit": 1, "offset": 0}
@@ -114,16 +117,27 @@ def screenshot(
 
 
 def take_screenshots(
-    ui_url: str, out_dir: Path, *, pages: dict[str, str] | None = None, wait_ms: int = 20_000
+    ui_url: str,
+    out_dir: Path,
+    *,
+    pages: dict[str, str] | None = None,
+    wait_ms: int = 20_000,
+    auth_string: str | None = None,
 ) -> dict[str, str]:
-    """One PNG per page of the UI at ``ui_url`` (``http://host:port``); returns page name -> file."""
+    """One PNG per page of the UI at ``ui_url`` (``http://host:port``); returns page name -> file. A
+    server that asks for ``auth_string`` is opened through :func:`~prmloop.flows.ui_proxy.authenticating_proxy`."""
+    from prmloop.flows.ui_proxy import authenticating_proxy
+
     chromium = find_chromium()
-    root = ui_url.rstrip("/").removesuffix("/api")
-    targets = dict(pages or PAGES)
-    if pages is None:
-        for key, artifact_id in latest_artifact_ids(root + "/api").items():
-            targets[f"artifact-{key}"] = f"/artifacts/artifact/{artifact_id}"
-    return {
-        name: str(screenshot(root + path, out_dir / f"{name}.png", chromium=chromium, wait_ms=wait_ms))
-        for name, path in targets.items()
-    }
+    with contextlib.ExitStack() as stack:
+        root = ui_url.rstrip("/").removesuffix("/api")
+        if auth_string:
+            root = stack.enter_context(authenticating_proxy(root, auth_string))
+        targets = dict(pages or PAGES)
+        if pages is None:
+            for key, artifact_id in latest_artifact_ids(root + "/api").items():
+                targets[f"artifact-{key}"] = f"/artifacts/artifact/{artifact_id}"
+        return {
+            name: str(screenshot(root + path, out_dir / f"{name}.png", chromium=chromium, wait_ms=wait_ms))
+            for name, path in targets.items()
+        }

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.prefect_home import prefect_home
+from prmloop.flows.prefect_home import prefect_auth_environment, prefect_home
 from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, free_port, read_broker_file
 from prmloop.store.follow import read_links, remove_links
 from prmloop.store.settings import KafkaSettings, StateSettings
@@ -251,10 +251,10 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
         # The UI's scripts call the API at PREFECT_UI_API_URL, which otherwise defaults to port 4200.
         env = {**env, "PREFECT_SERVER_API_PORT": str(port), "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
     if name == "engine":
-        from prmloop.flows.engine import engine_environment
+        from prmloop.flows.engine import engine_environment, engine_key_environment
 
         threads = env.get("PRMLOOP_ENGINE_THREADS")
-        env = {**env, **engine_environment(int(threads) if threads else None)}
+        env = {**env, **engine_environment(int(threads) if threads else None), **engine_key_environment(state.home)}
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
@@ -293,8 +293,18 @@ def up(
 
     When it starts the broker while Kafka services run (the old broker died), it waits up to
     ``follow_timeout_s`` for each to move to the new broker, and restarts the ones that do not.
+    One ``up`` at a time per home (:mod:`prmloop.flows.home_lock`): a second waits for the first.
     """
+    from prmloop.flows.home_lock import home_lock
+
     state = state or StateSettings()
+    with home_lock(state, say=say):
+        return _up(services, state=state, say=say, follow_timeout_s=follow_timeout_s)
+
+
+def _up(
+    services: Sequence[str], *, state: StateSettings, say: Callable[[str], None], follow_timeout_s: float
+) -> dict[str, Any]:
     unknown = [s for s in services if s not in SERVICES]
     if unknown:
         raise ValueError(f"unknown service {unknown[0]!r}; choose from {', '.join(SERVICES)}")
@@ -303,6 +313,9 @@ def up(
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" or not already.get("prefect")}
     env["PRMLOOP_HOME"] = str(state.home)
     env.setdefault("PREFECT_HOME", str(prefect_home(state.home)))
+    # The Prefect server asks for the credentials' auth string; the services that call it send it.
+    for key, value in prefect_auth_environment(state.home).items():
+        env.setdefault(key, value)
     wanted = [s for s in SERVICES if s in services]
     if "broker" in wanted and KafkaSettings().bootstrap_servers:
         say(f"broker: using KAFKA_BOOTSTRAP_SERVERS={KafkaSettings().bootstrap_servers}")
@@ -353,7 +366,7 @@ def _use_engine(state: StateSettings, env: dict[str, str]) -> None:
         return
     from prmloop.flows.engine import service_environment
 
-    for key, value in service_environment(record.url).items():
+    for key, value in service_environment(record.url, state.home).items():
         if key not in os.environ:
             env[key] = value
 

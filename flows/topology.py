@@ -37,16 +37,25 @@ class Service:
 #: Set for every prmloop service (compose: the ``x-prmloop`` anchor).
 SHARED_VARIABLES: tuple[str, ...] = ("KAFKA_BOOTSTRAP_SERVERS", "PRMLOOP_HOME", "PRMLOOP_STORE")
 
-_ANNOTATOR_ENGINE = ("PRMLOOP_ANNOTATOR_BACKEND", "PRMLOOP_ANNOTATOR_MODEL", "PRMLOOP_ANNOTATOR_BASE_URL")
-_JUDGE_ENGINE = ("PRMLOOP_JUDGE_BACKEND", "PRMLOOP_JUDGE_MODEL", "PRMLOOP_JUDGE_BASE_URL")
+_ANNOTATOR_ENGINE = (
+    "PRMLOOP_ANNOTATOR_BACKEND",
+    "PRMLOOP_ANNOTATOR_MODEL",
+    "PRMLOOP_ANNOTATOR_BASE_URL",
+    "PRMLOOP_ANNOTATOR_API_KEY",
+)
+_JUDGE_ENGINE = ("PRMLOOP_JUDGE_BACKEND", "PRMLOOP_JUDGE_MODEL", "PRMLOOP_JUDGE_BASE_URL", "PRMLOOP_JUDGE_API_KEY")
 _SAMPLE_ENGINE = (
     "PRMLOOP_SAMPLE_BACKEND",
     "PRMLOOP_SAMPLE_MODEL",
     "PRMLOOP_SAMPLE_BASE_URL",
+    "PRMLOOP_SAMPLE_API_KEY",
     "PRMLOOP_PRIORITIZE_BACKEND",
     "PRMLOOP_PRIORITIZE_MODEL",
     "PRMLOOP_PRIORITIZE_BASE_URL",
+    "PRMLOOP_PRIORITIZE_API_KEY",
 )
+#: What a Prefect worker sends the server (its basic auth); natively, the credentials file's.
+_PREFECT_CLIENT = ("PREFECT_API_URL", "PREFECT_API_AUTH_STRING")
 #: Every variable that names the GPU engine (a vLLM server) in the compose file.
 ENGINE_VARIABLES: tuple[str, ...] = (*_ANNOTATOR_ENGINE, *_JUDGE_ENGINE, *_SAMPLE_ENGINE)
 
@@ -68,14 +77,14 @@ APP_SERVICES: tuple[Service, ...] = (
     Service(
         "worker-cpu",
         ("worker", "start", "--pool", "cpu", "--type", "process"),
-        environment=("PREFECT_API_URL",),
+        environment=_PREFECT_CLIENT,
         replicas=2,
         entrypoint="prefect",
     ),
     Service(
         "worker-gpu",
         ("worker", "start", "--pool", "gpu", "--type", "process", "--limit", "2"),
-        environment=("PREFECT_API_URL", *_SAMPLE_ENGINE),
+        environment=(*_PREFECT_CLIENT, *_SAMPLE_ENGINE),
         entrypoint="prefect",
         engine=_SAMPLE_ENGINE,
     ),

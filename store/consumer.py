@@ -12,10 +12,11 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
   record the handler rejects. A record too big for the dead-letter topic is replaced there by a
   truncated copy with its sha256 digest, size and origin in headers.
 * Only transient handler errors (:func:`is_transient`: broker, network, disk, database I/O, a model
-  server's connection errors) are retried with exponential backoff, and nothing is committed until
-  the batch succeeds. Any other handler exception is a poison record in the batch: the batch is
-  split in halves, recursively, the good halves processed and the failing single records
-  dead-lettered, so no input can make a service exit or retry forever.
+  server's connection errors) are retried with exponential backoff (at most 5 s: a database that
+  returns is written again within seconds), polling meanwhile (a wait past the poll interval cost the
+  group membership), and nothing is committed until the batch succeeds. Any other exception is a
+  poison record in the batch: the batch is split in halves, recursively, the good halves processed
+  and the failing single records dead-lettered, so no input can make a service exit or retry forever.
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
@@ -88,7 +89,7 @@ class ConsumerRuntime:
         max_batch: int = 1000,
         max_wait_s: float = 0.2,
         backoff_initial_s: float = 0.2,
-        backoff_max_s: float = 30.0,
+        backoff_max_s: float = 5.0,
         max_poll_interval_ms: int = 10_000,
         session_timeout_ms: int = 10_000,
         pause_after_s: float = 1.0,
@@ -97,7 +98,7 @@ class ConsumerRuntime:
         transient_errors: tuple[type[BaseException], ...] = (),
         check_topic: bool = True,
         follow_broker: bool = True,
-        stall_after_s: float | None = 60.0,
+        stall_after_s: float | None = 30.0,
     ) -> None:
         self.topics = list(topics)
         self.group_id = group_id
@@ -412,7 +413,8 @@ class ConsumerRuntime:
                     return self._isolate_poison(batch, exc)
                 self.stats.retries += 1
                 log.warning("%s: batch of %d failed (%r); retrying in %.1fs", self.name, len(batch), exc, delay)
-                if self._stop.wait(delay):
+                self._wait_polling(self._executor.submit(self._stop.wait, delay))  # the group keeps this member
+                if self._stop.is_set():
                     return None
                 delay = min(delay * 2, self.backoff_max_s)
 

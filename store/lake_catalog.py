@@ -9,18 +9,17 @@ catalog got its own folder) stays one, with its data where it was (``$PRMLOOP_HO
 ``#reader=user=prmloop_reader password=...``) says how readers connect instead.
 
 Writers (sinks, compaction) connect as the catalog's owner. Readers connect as a role that may only
-SELECT the catalog tables: on a pgserver catalog prmloop creates it (:data:`READER_ROLE`); on a
-PostgreSQL server the administrator does (README, "DuckLake"), and ``prmloop sql`` refuses to run
-user SQL as any role that could do more (:func:`reader_role_problems`).
+SELECT the catalog tables: on a pgserver catalog and on the cluster's PostgreSQL prmloop creates both
+(``prmloop_sink`` and :data:`READER_ROLE`, each with its password from the credentials file:
+:mod:`prmloop.store.pg_auth`); on another PostgreSQL server the administrator does (README,
+"DuckLake"), and ``prmloop sql`` refuses to run user SQL as any role that could do more
+(:func:`reader_role_problems`).
 """
 
 from __future__ import annotations
 
-import logging
 import re
-import subprocess
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,34 +27,11 @@ from typing import Any
 
 import duckdb
 
+from prmloop.store.credentials import READER_ROLE, SINK_ROLE, Credentials, load_credentials
+from prmloop.store.pg_local import LocalPostgresError, local_conninfo, start_local_postgres
 from prmloop.store.poison import TransientError
 
 LAKE_PREFIX = "ducklake:"
-#: The role readers of a pgserver catalog connect as (created with the catalog).
-READER_ROLE = "prmloop_reader"
-
-#: Created (or brought up to date) by every process that starts or joins a pgserver catalog: a role
-#: that can log in and read the catalog's tables, present and future, and do nothing else (no
-#: superuser, so no pg_read_file; not the owner's role, so no pg_terminate_backend of a sink).
-
-
-def reader_role_sql(database: str = "postgres") -> str:
-    """SQL that makes :data:`READER_ROLE` (login, read-only, no other right) able to read every table of
-    ``database``'s public schema, those its owner ``postgres`` creates later too; run it in ``database``."""
-    return f"""
-DO $$ BEGIN
-    CREATE ROLE {READER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
-EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-END $$;
-ALTER ROLE {READER_ROLE} SET default_transaction_read_only = on;
-GRANT CONNECT ON DATABASE "{database}" TO {READER_ROLE};
-GRANT USAGE ON SCHEMA public TO {READER_ROLE};
-GRANT SELECT ON ALL TABLES IN SCHEMA public TO {READER_ROLE};
-ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public GRANT SELECT ON TABLES TO {READER_ROLE};
-"""
-
-
-_READER_ROLE_SQL = reader_role_sql()
 
 
 class LakeError(TransientError):
@@ -142,12 +118,13 @@ _servers_lock = threading.Lock()
 
 def local_postgres(directory: str | Path) -> Any:
     """A handle on the ``pgserver`` PostgreSQL of ``ducklake:pgserver:<directory>`` (in the folder
-    :func:`pgserver_folders` names; started if needed, stopped when the last process holding a
-    handle exits or calls ``cleanup()``). A folder initdb cannot use is one line naming it."""
+    :func:`pgserver_folders` names; made, started or joined by :func:`~prmloop.store.pg_local.start_local_postgres`,
+    stopped when the last process holding a handle exits or calls ``cleanup()``). Its lake is the database
+    ``postgres``, owned by the sinks' role. A folder initdb cannot use is one line naming it."""
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            import pgserver
+            import pgserver  # noqa: F401 - only to say what is missing
     except ImportError as exc:
         raise LakeError("a pgserver catalog needs the pgserver package: pip install pgserver") from exc
     folder = pgserver_folders(Path(directory))[0]
@@ -158,49 +135,24 @@ def local_postgres(directory: str | Path) -> Any:
             "ducklake:pgserver: folder"
         )
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # pgserver logs a failed initdb or pg_ctl as a many-line error of its own; ours below is one line.
-    logging.getLogger("pgserver").setLevel(logging.CRITICAL)
+    credentials = lake_credentials(directory)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return pgserver.get_server(folder, cleanup_mode="stop")
-    except (subprocess.CalledProcessError, OSError) as exc:
-        raise LakeError(
-            f"cannot start the DuckLake catalog's PostgreSQL in {folder} ({type(exc).__name__}: "
-            f"{_one_line(exc)}); the folder must be empty or a PostgreSQL cluster, writable by the user that "
-            "runs PostgreSQL (pgserver, when prmloop runs as root)"
-        ) from exc
+        return start_local_postgres(
+            folder, {"postgres": SINK_ROLE}, cleanup_mode="stop", credentials=credentials, home=credentials.home
+        )
+    except LocalPostgresError as exc:
+        raise LakeError(f"the DuckLake catalog's {exc}") from exc
 
 
-def _psql(server: Any, sql: str) -> None:
-    """Run ``sql`` as the catalog's owner on the local PostgreSQL (its own psql, over the socket)."""
-    import pgserver
-
-    psql = Path(pgserver.__file__).parent / "pginstall" / "bin" / "psql"
-    done = subprocess.run(
-        [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", server.get_uri(), "-c", sql],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise subprocess.CalledProcessError(done.returncode, "psql", done.stdout, done.stderr)
-
-
-def _ensure_reader_role(server: Any, directory: str) -> None:
-    # Two processes joining at once may collide on the catalog rows a GRANT updates: try again.
-    for attempt in range(5):
-        try:
-            _psql(server, _READER_ROLE_SQL)
-            return
-        except subprocess.CalledProcessError as exc:
-            if attempt == 4:
-                raise LakeError(
-                    f"cannot create the reader role {READER_ROLE} in the local PostgreSQL of {directory}: "
-                    f"{_one_line(exc.stderr or exc)}"
-                ) from exc
-            time.sleep(0.1 * (attempt + 1))
+def lake_credentials(directory: str | Path) -> Credentials:
+    """The credentials of the roles of ``ducklake:pgserver:<directory>``: the lake's own, in
+    ``<directory>/credentials.json`` (the folder closed like a home), so that any process of its user
+    opens it, whatever its ``$PRMLOOP_HOME``; those of ``$PRMLOOP_HOME`` for a catalog made directly in
+    ``<directory>`` by an older prmloop."""
+    directory = Path(directory)
+    if pgserver_folders(directory)[1] is None:
+        return load_credentials()
+    return load_credentials(directory)
 
 
 def _pgserver_conninfo(directory: str, *, reader: bool) -> str:
@@ -209,12 +161,8 @@ def _pgserver_conninfo(directory: str, *, reader: bool) -> str:
         server = _servers.get(directory)
         if server is None:
             server = local_postgres(directory)
-            _ensure_reader_role(server, directory)
             _servers[directory] = server
-        uri = server.get_uri()
-    host = re.search(r"host=([^&]+)", uri)
-    user = READER_ROLE if reader else "postgres"
-    return f"dbname=postgres user={user} host={host.group(1) if host else directory}"
+    return local_conninfo(server, READER_ROLE if reader else SINK_ROLE, "postgres", lake_credentials(directory))
 
 
 def release_local_postgres(directory: str | Path) -> None:
@@ -224,6 +172,17 @@ def release_local_postgres(directory: str | Path) -> None:
         server = _servers.pop(str(directory), None)
     if server is not None:
         server.cleanup()
+
+
+def served_form(store: LakeStore) -> LakeStore:
+    """The same lake as a ``postgres:`` catalog: for a pgserver catalog, its local PostgreSQL started (or
+    joined) by this process, which holds it for as long as it runs; another process then reaches that
+    server without holding it (``prmloop sql``'s query process: if DuckDB crashes there, nothing is left
+    holding the catalog). Passwords stay in their passfiles."""
+    if not store.catalog.startswith("pgserver:"):
+        return store
+    reader = conninfo(store, reader=True)
+    return LakeStore(f"postgres:{conninfo(store)}", store.data_path, reader=reader)
 
 
 def conninfo(store: LakeStore, *, reader: bool = False) -> str:

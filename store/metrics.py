@@ -9,6 +9,8 @@ from typing import Any
 import duckdb
 
 from prmloop.store.duck import StoreLocation, open_reader
+from prmloop.store.registry import PROMOTED_SQL, models_in_force
+from prmloop.store.signing import signature_status
 
 __all__ = ["label_quality", "loop_metrics"]
 
@@ -126,10 +128,16 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             source: {"tokens": int(t), "rollouts": int(r), "events": int(n)} for source, t, r, n in _rows(con, _COST)
         }
         sampled = _rows(con, "SELECT coalesce(sum(completion_tokens), 0), count(*) FROM solutions")[0]
-        # The PRMs in force (newest promoted of each kind), not merely the newest registered.
-        in_force = "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions "
-        prm = _rows(con, in_force + "WHERE kind = 'prm' AND in_force")
-        ensemble = _rows(con, in_force + "WHERE kind = 'prm_ensemble' AND in_force")
+        # The PRMs in force (newest promoted of each kind whose signature verifies), not merely the
+        # newest registered; a promoted one that does not verify is named, never used.
+        in_force, refused_models = models_in_force(_rows(con, PROMOTED_SQL))
+        chosen = (
+            "SELECT model_id, base_model, artifact_uri, metrics, registered_at FROM model_versions WHERE event_id = ?"
+        )
+        prm, ensemble = (
+            list(con.execute(chosen, [in_force[kind][0]]).fetchall()) if kind in in_force else []
+            for kind in ("prm", "prm_ensemble")
+        )
         learning = [
             {
                 "round": i + 1,  # as the demo counts its rounds
@@ -144,11 +152,20 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
             }
             for i, (model, at, n, f1, promoted, tokens, accepted, skipped) in enumerate(_rows(con, _LEARNING))
         ]
-        calibration = _rows(
+        # The latest calibration whose signature verifies; later ones that do not are named.
+        fitted = _rows(
             con,
-            "SELECT calibration_id, prm, score_rule, method, metrics, fitted_at FROM calibrations "
-            "ORDER BY fitted_at DESC LIMIT 1",
+            "SELECT c.calibration_id, c.prm, c.score_rule, c.method, c.metrics, c.fitted_at, e.payload "
+            "FROM calibrations c JOIN events e USING (event_id) ORDER BY c.fitted_at DESC, c.event_id DESC",
         )
+        calibration: list[tuple[Any, ...]] = []
+        refused_calibrations: list[dict[str, Any]] = []
+        for row in fitted:
+            status = signature_status("CalibrationFitted", row[-1])
+            if status == "verified":
+                calibration = [row[:-1]]
+                break
+            refused_calibrations.append({"calibration_id": row[0], "why": status})
     accepted = quality["accepted"]
     label_tokens = sum(c["tokens"] for c in cost.values())
     return {
@@ -163,6 +180,11 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
         "current_prm": _record(prm, _MODEL_FIELDS),
         "current_prm_ensemble": _record(ensemble, _MODEL_FIELDS),
         "calibration": _record(calibration, ("calibration_id", "prm", "score_rule", "method", "metrics", "fitted_at")),
+        # Registered or fitted by something other than prmloop's flows (or an older prmloop): stored, never used.
+        "not_in_force": {
+            "models": [{**m, "why": f"{m['why']}: never in force"} for m in refused_models],
+            "calibrations": [{**c, "why": f"{c['why']}: never in force"} for c in refused_calibrations],
+        },
     }
 
 

@@ -13,8 +13,11 @@ shared) form one cluster.
 
 Served: PUT/GET/HEAD/DELETE of an object (conditional PUT and GET by ETag, ranges), ListObjectsV2
 (prefix, delimiter, start-after, continuation), multi-object delete, bucket create/head. Not served
-(501): multipart uploads and copies, which Tansu does not use. Requests are not authenticated: the
-gateway listens on loopback only, for brokers on the same machine.
+(501): multipart uploads and copies, which Tansu does not use. Every request must be signed (AWS
+Signature Version 4, :mod:`prmloop.store.sigv4`) with the gateway's key from the credentials file, as
+Tansu's S3 client signs them; any other is refused with 403 before the database is touched. The key
+reaches the gateway in its environment (``PRMLOOP_GATEWAY_ACCESS_KEY_ID``,
+``PRMLOOP_GATEWAY_SECRET_KEY``), else from ``$PRMLOOP_HOME``'s credentials.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import hashlib
 import logging
+import os
 import re
 import signal
 import sys
@@ -32,6 +36,8 @@ from datetime import UTC, datetime
 from email.utils import format_datetime
 from typing import Any
 from xml.sax.saxutils import escape
+
+from prmloop.store.sigv4 import check
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +84,14 @@ def _error(status: int, code: str, message: str, resource: str = "") -> tuple[in
 
 
 class Gateway:
-    """The ASGI application: one asyncpg pool, one table."""
+    """The ASGI application: one asyncpg pool, one table; requests signed with ``access_key_id``."""
 
-    def __init__(self, dsn: str, *, pool_size: int = 8) -> None:
+    def __init__(self, dsn: str, *, access_key_id: str, secret: str, pool_size: int = 8) -> None:
         self.dsn = dsn
         self.pool_size = pool_size
+        self.access_key_id = access_key_id
+        self._secret = secret
+        self.refused = 0
         self._pool: Any = None
 
     async def start(self) -> None:
@@ -117,8 +126,23 @@ class Gateway:
             if not message.get("more_body"):
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode()
+        problem = check(
+            scope["method"],
+            raw_path.split("?", 1)[0],
+            scope.get("query_string", b"").decode(),
+            headers,
+            body,
+            access_key_id=self.access_key_id,
+            secret=self._secret,
+        )
         try:
-            status, out_headers, payload = await self._handle(scope, headers, body)
+            if problem is not None:
+                self.refused += 1
+                log.warning("refused %s %s: %s", scope["method"], scope["path"], problem)
+                status, out_headers, payload = _error(403, "AccessDenied", problem, scope["path"])
+            else:
+                status, out_headers, payload = await self._handle(scope, headers, body)
         except Exception as exc:  # noqa: BLE001 - a database outage: Tansu retries, the gateway must stay up
             log.warning("%s %s failed: %s: %s", scope["method"], scope["path"], type(exc).__name__, exc)
             status, out_headers, payload = _error(503, "SlowDown", f"storage unavailable: {type(exc).__name__}")
@@ -318,11 +342,24 @@ async def _create_database(dsn: str) -> None:
         await con.close()
 
 
+def _key() -> tuple[str, str]:
+    """The gateway's access key id and secret: from its environment, else the credentials file."""
+    key_id, secret = os.environ.get("PRMLOOP_GATEWAY_ACCESS_KEY_ID"), os.environ.get("PRMLOOP_GATEWAY_SECRET_KEY")
+    if key_id and secret:
+        return key_id, secret
+    from prmloop.store.credentials import load_credentials
+
+    credentials = load_credentials()
+    return credentials.gateway_access_key_id, credentials.gateway_secret_key
+
+
 def serve(dsn: str, host: str, port: int) -> None:
     """Serve the gateway until SIGTERM or SIGINT (what ``python -m prmloop.store.objectgate`` runs)."""
     import uvicorn
 
-    config = uvicorn.Config(Gateway(dsn), host=host, port=port, log_level="warning", lifespan="on", access_log=False)
+    key_id, secret = _key()
+    gateway = Gateway(dsn, access_key_id=key_id, secret=secret)
+    config = uvicorn.Config(gateway, host=host, port=port, log_level="warning", lifespan="on", access_log=False)
     server = uvicorn.Server(config)
     asyncio.run(server.serve())
 
@@ -334,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s objectgate %(levelname)s %(message)s")
+    os.umask(0o077)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     serve(args.dsn, args.host, args.port)
 

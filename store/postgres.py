@@ -9,6 +9,13 @@ client here speaks: asyncpg (the broker's object gateway, the Prefect server) an
 
 When prmloop runs as root, PostgreSQL runs as the user ``pgserver`` (PostgreSQL refuses root): its
 data folder is created for that user, and initdb needs it empty.
+
+Every role gives its password (``scram-sha-256``, no ``trust``: :mod:`prmloop.store.pg_auth`). At each
+start the server brings the service roles to the credentials file's passwords and gives each known
+database its owner: ``prmloop_broker`` the brokers' storage, ``prefect`` the Prefect server's, and any
+other (``prmloop_lake``) is a lake, owned by the sinks' role and readable by the readers'
+(:data:`DATABASE_OWNERS`). prmloop's own set-up connects as the administration role ``postgres``; no
+service does.
 """
 
 from __future__ import annotations
@@ -20,17 +27,41 @@ import pwd
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prmloop.store.broker import BrokerError, parent_death_signal
+from prmloop.store.credentials import (
+    ADMIN_ROLE,
+    BROKER_ROLE,
+    POSTGRES_SYSTEM_USER,
+    PREFECT_ROLE,
+    SINK_ROLE,
+    Credentials,
+    load_credentials,
+)
+from prmloop.store.pg_auth import (
+    database_owner_sql,
+    grant_traversal,
+    hba_is_prmloops,
+    initdb_arguments,
+    reader_grants_sql,
+    roles_sql,
+    set_admin_password_offline,
+    write_hba,
+)
 from prmloop.store.settings import StateSettings
 
 __all__ = [
+    "DATABASE_OWNERS",
     "PostgresError",
     "create_databases",
+    "database_owner",
     "postgres_bin_dir",
+    "prepare_server",
     "resolve_storage",
     "run_sql",
     "serve_postgres",
@@ -38,7 +69,13 @@ __all__ = [
 ]
 
 #: The user PostgreSQL runs as when prmloop runs as root (pgserver creates it too).
-SYSTEM_USER = "pgserver"
+SYSTEM_USER = POSTGRES_SYSTEM_USER
+#: The role that owns each database the cluster knows; any other database is a lake (the sinks' own).
+DATABASE_OWNERS = {"prmloop_broker": BROKER_ROLE, "prefect": PREFECT_ROLE, "prmloop_lake": SINK_ROLE}
+
+
+def database_owner(name: str) -> str:
+    return DATABASE_OWNERS.get(name, SINK_ROLE)
 
 
 class PostgresError(RuntimeError):
@@ -96,8 +133,17 @@ def _demote(ids: tuple[int, int] | None, *, die_with_parent: bool = False) -> Ca
     return run
 
 
-def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None) -> None:
+def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None, credentials: Credentials) -> None:
+    """A new cluster asks every role for its password from the start; one an older prmloop made with
+    ``trust`` is converted before it listens (its administration password set in single-user mode)."""
+    if ids is not None and data_dir.exists():
+        grant_traversal(data_dir, ids)  # the postgres user must reach its folder
     if (data_dir / "PG_VERSION").exists():
+        if not hba_is_prmloops(data_dir):
+            set_admin_password_offline(
+                bin_dir / "postgres", data_dir, credentials.postgres_password(ADMIN_ROLE), _demote(ids)
+            )
+            write_hba(data_dir, ids)
         return
     if data_dir.exists() and any(data_dir.iterdir()):
         raise PostgresError(
@@ -106,23 +152,25 @@ def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None) -> None:
         )
     data_dir.mkdir(parents=True, exist_ok=True)
     if ids is not None:
-        for folder in [data_dir, *data_dir.parents]:  # the postgres user must reach its folder
-            if folder == Path("/"):
-                break
-            if folder == data_dir:
-                os.chown(folder, *ids)
-            elif not os.stat(folder).st_mode & 0o001:
-                folder.chmod(folder.stat().st_mode | 0o011)
+        os.chown(data_dir, *ids)
+        grant_traversal(data_dir, ids)  # the postgres user must reach its folder
     data_dir.chmod(0o700)
-    done = subprocess.run(
-        [str(bin_dir / "initdb"), "-D", str(data_dir), "-U", "postgres", "--auth=trust", "--encoding=utf8"],
-        capture_output=True,
-        text=True,
-        preexec_fn=_demote(ids),
-        check=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="prmloop-initdb-") as tmp:
+        password_file = Path(tmp) / "password"
+        password_file.write_text(credentials.postgres_password(ADMIN_ROLE) + "\n")
+        if ids is not None:
+            os.chown(tmp, *ids)
+            os.chown(password_file, *ids)
+        done = subprocess.run(
+            [str(bin_dir / "initdb"), "-D", str(data_dir), *initdb_arguments(password_file)],
+            capture_output=True,
+            text=True,
+            preexec_fn=_demote(ids),
+            check=False,
+        )
     if done.returncode != 0:
         raise PostgresError(f"initdb in {data_dir} failed: {' '.join(done.stderr.split())[:300]}")
+    write_hba(data_dir, ids)
 
 
 def wait_ready(
@@ -143,44 +191,92 @@ def wait_ready(
     raise PostgresError(f"PostgreSQL on {host}:{port} did not accept connections within {timeout_s:.0f} s")
 
 
-def create_databases(host: str, port: int, names: Sequence[str]) -> list[str]:
-    """Create the databases that do not exist yet; returns those created."""
-    psql = postgres_bin_dir() / "psql"
+def _psql(
+    host: str, port: int, database: str, role: str, credentials: Credentials | None
+) -> tuple[list[str], dict[str, str]]:
+    """psql's command line (never waiting for a password) and environment (``role``'s passfile)."""
+    credentials = credentials or load_credentials()
+    argv = [str(postgres_bin_dir() / "psql"), "-X", "-q", "-w", "-h", host, "-p", str(port), "-U", role, "-d", database]
+    return argv, {**os.environ, "PGPASSFILE": str(credentials.passfile(role))}
+
+
+def create_databases(
+    host: str, port: int, names: Sequence[str], *, credentials: Credentials | None = None
+) -> list[str]:
+    """Create the databases that do not exist yet, each owned by :func:`database_owner`; returns those created."""
     created = []
     for name in names:
-        base = [str(psql), "-X", "-q", "-t", "-A", "-h", host, "-p", str(port), "-U", "postgres", "-d", "postgres"]
+        base, env = _psql(host, port, "postgres", ADMIN_ROLE, credentials)
         exists = subprocess.run(
-            [*base, "-c", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
+            [*base, "-t", "-A", "-c", f"SELECT 1 FROM pg_database WHERE datname = '{name}'"],
             capture_output=True,
             text=True,
+            env=env,
             check=False,
         )
         if exists.stdout.strip() == "1":
             continue
-        done = subprocess.run([*base, "-c", f'CREATE DATABASE "{name}"'], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [*base, "-c", f'CREATE DATABASE "{name}" OWNER {database_owner(name)}'],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if done.returncode != 0 and "already exists" not in done.stderr:
             raise PostgresError(f"CREATE DATABASE {name} on {host}:{port} failed: {done.stderr.strip()}")
         created.append(name)
     return created
 
 
-def run_sql(host: str, port: int, database: str, sql: str) -> None:
-    """Run ``sql`` (several statements, one transaction each as psql sends them) as ``postgres`` in ``database``.
+def run_sql(
+    host: str,
+    port: int,
+    database: str,
+    sql: str,
+    *,
+    role: str = ADMIN_ROLE,
+    credentials: Credentials | None = None,
+) -> str:
+    """Run ``sql`` (several statements, one transaction each as psql sends them) as ``role`` (default the
+    administration role) in ``database``; returns psql's output.
 
     Raises:
         PostgresError: psql failed (its message, one line).
     """
-    psql = postgres_bin_dir() / "psql"
+    argv, env = _psql(host, port, database, role, credentials)
     done = subprocess.run(
-        [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", str(port), "-U", "postgres", "-d", database],
+        [*argv, "-v", "ON_ERROR_STOP=1", "-t", "-A"],
         input=sql,
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
         check=False,
     )
     if done.returncode != 0:
         raise PostgresError(f"SQL in {database} on {host}:{port} failed: {' '.join(done.stderr.split())[:300]}")
+    return done.stdout
+
+
+def prepare_server(host: str, port: int, databases: Sequence[str], *, credentials: Credentials | None = None) -> None:
+    """The service roles with the credentials' passwords, ``databases`` created with their owners
+    (:func:`database_owner`; what an older prmloop made as ``postgres`` handed over to them), the reader's
+    grants on every lake. Idempotent; run by the server at each start."""
+    credentials = credentials or load_credentials()
+    for attempt in range(5):  # two set-ups at once may collide on the catalog rows a GRANT updates
+        try:
+            run_sql(host, port, "postgres", roles_sql(credentials), credentials=credentials)
+            create_databases(host, port, databases, credentials=credentials)
+            for name in databases:
+                owner = database_owner(name)
+                sql = database_owner_sql(name, owner) + (reader_grants_sql(name) if owner == SINK_ROLE else "")
+                run_sql(host, port, name, sql, credentials=credentials)
+            return
+        except PostgresError:
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def serve_postgres(
@@ -196,7 +292,8 @@ def serve_postgres(
     shutdown; returns its exit code. Creates ``databases`` once it accepts connections."""
     bin_dir = postgres_bin_dir()
     ids = _as_user()
-    _init(data_dir, bin_dir, ids)
+    credentials = load_credentials()
+    _init(data_dir, bin_dir, ids, credentials)
     out = log.open("ab") if log else subprocess.DEVNULL
     # A stale postmaster.pid of a killed server names a pid that may now be another process: PostgreSQL
     # checks it, and refuses to start only if that process is a live postmaster on this folder.
@@ -217,7 +314,7 @@ def serve_postgres(
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         wait_ready(host, port, process=process)
-        create_databases(host, port, databases)
+        prepare_server(host, port, databases, credentials=credentials)
         if on_ready is not None:
             on_ready()
         while process.poll() is None:
@@ -259,18 +356,24 @@ def resolve_storage(storage: str | None, state: StateSettings | None = None) -> 
 
 def _own_postgres(folder: Path) -> str:
     try:
-        import pgserver
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            import pgserver  # noqa: F401 - only to say what is missing
     except ImportError as exc:
         raise BrokerError(
             "--storage postgres needs the pgserver package (pip install pgserver), or give a "
             "postgresql://user@host:port/database URL"
         ) from exc
+    from prmloop.store.pg_local import LocalPostgresError, start_local_postgres
+
     folder.parent.mkdir(parents=True, exist_ok=True)
+    credentials = load_credentials()
     try:
-        server = pgserver.get_server(folder, cleanup_mode=None)  # outlives the broker: the next one joins
-    except (subprocess.CalledProcessError, OSError) as exc:
-        raise BrokerError(
-            f"cannot start the broker's PostgreSQL in {folder} ({type(exc).__name__}); the folder must be "
-            "empty or a PostgreSQL cluster, writable by the user that runs PostgreSQL (pgserver, as root)"
-        ) from exc
-    return str(server.get_uri(database="prmloop_broker"))
+        # Outlives the broker (no clean-up): the next one joins it.
+        server = start_local_postgres(
+            folder, {"prmloop_broker": BROKER_ROLE}, cleanup_mode=None, credentials=credentials
+        )
+    except LocalPostgresError as exc:
+        raise BrokerError(f"the broker's {exc}") from exc
+    socket_dir = server.get_postmaster_info().socket_dir
+    return f"postgresql://{BROKER_ROLE}@/prmloop_broker?host={socket_dir}&passfile={credentials.passfile(BROKER_ROLE)}"

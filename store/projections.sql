@@ -165,19 +165,22 @@ FROM events
 WHERE event_type IN ('StepsLabeled', 'StepsJudged');
 
 -- `promoted`: the registry's decision when the model was registered (its metric was not worse than
--- the model then in force); `in_force`: the newest promoted model of its kind, the one the loop uses
--- now (store/registry.py current_model reads it here). Several models of a kind may have been promoted.
+-- the model then in force); `signed`: it carries a signature; `in_force`: the newest promoted signed
+-- model of its kind. SQL cannot check the signature (the key is in no table): store/registry.py
+-- (models_in_force) does, and so what the loop uses, `models list` and `status` name the newest
+-- promoted model whose signature verifies. Several models of a kind may have been promoted.
 CREATE OR REPLACE VIEW model_versions AS
 SELECT
     *,
-    promoted AND row_number() OVER (
-        PARTITION BY kind, promoted ORDER BY registered_at DESC, event_id DESC
+    promoted AND signed AND row_number() OVER (
+        PARTITION BY kind, promoted AND signed ORDER BY registered_at DESC, event_id DESC
     ) = 1 AS in_force
 FROM (
     SELECT
         payload->>'model_id' AS model_id,
         payload->>'kind' AS kind,
         coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) AS promoted,
+        payload->>'signature' IS NOT NULL AS signed,
         payload->'parameters'->>'decision' AS decision,
         payload->'base_model'->>'name' AS base_model,
         payload->>'artifact_uri' AS artifact_uri,

@@ -1,6 +1,8 @@
 """The model registry: every trained model is a ``ModelRegistered`` event; the store's
 ``model_versions`` view lists them. A candidate is promoted (``parameters.promoted``) only if its
-metric is not worse than the current promoted model's of the same kind."""
+metric is not worse than the current promoted model's of the same kind. The model in force is the
+newest promoted one whose signature verifies (:mod:`prmloop.store.signing`): anyone who can publish to
+the broker can register a model, only prmloop's flows can put one in force."""
 
 from __future__ import annotations
 
@@ -11,8 +13,17 @@ from typing import Any, Literal
 
 from prmloop.store.duck import StoreLocation, query, store_exists
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
+from prmloop.store.signing import sign, signature_status
 
-__all__ = ["PROMOTION_METRIC", "artifact_digest", "current_model", "model_registered", "should_promote"]
+__all__ = [
+    "PROMOTED_SQL",
+    "PROMOTION_METRIC",
+    "artifact_digest",
+    "current_model",
+    "model_registered",
+    "models_in_force",
+    "should_promote",
+]
 
 PRODUCER = "prmloop-registry/0.1.0"
 
@@ -31,20 +42,38 @@ def artifact_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: Every promoted model with its payload, newest first (what :func:`models_in_force` reads).
+PROMOTED_SQL = (
+    "SELECT m.kind, m.event_id, e.payload FROM model_versions m JOIN events e USING (event_id) "
+    "WHERE m.promoted ORDER BY m.registered_at DESC, m.event_id DESC"
+)
+
+
+def models_in_force(
+    rows: list[tuple[Any, ...]], key: bytes | None = None
+) -> tuple[dict[str, tuple[Any, dict[str, Any]]], list[dict[str, Any]]]:
+    """From :data:`PROMOTED_SQL`'s rows: per kind, the ``(event_id, payload)`` of the model in force
+    (the newest promoted one that verifies), and every promoted one that does not (``model_id``,
+    ``kind``, ``why``: unsigned or bad signature), newest first."""
+    in_force: dict[str, tuple[Any, dict[str, Any]]] = {}
+    refused: list[dict[str, Any]] = []
+    for kind, event_id, payload in rows:
+        body = dict(json.loads(payload) if isinstance(payload, str) else payload)
+        status = signature_status("ModelRegistered", body, key)
+        if status != "verified":
+            refused.append({"model_id": body.get("model_id"), "kind": kind, "why": status})
+        elif kind not in in_force:
+            in_force[kind] = (event_id, body)
+    return in_force, refused
+
+
 def current_model(db: StoreLocation, kind: str = "prm") -> dict[str, Any] | None:
-    """The model of ``kind`` in force: the newest promoted one, as the ``model_versions`` view marks it
-    (``None``: none yet, or no store)."""
+    """The model of ``kind`` in force: the newest promoted one whose signature verifies (``None``: none
+    yet, or no store)."""
     if not store_exists(db):
         return None
-    rows = query(
-        db,
-        "SELECT e.payload FROM model_versions m JOIN events e USING (event_id) WHERE m.kind = ? AND m.in_force",
-        [kind],
-    ).rows
-    if not rows:
-        return None
-    payload = rows[0][0]
-    return dict(json.loads(payload) if isinstance(payload, str) else payload)
+    in_force, _ = models_in_force([r for r in query(db, PROMOTED_SQL).rows if r[0] == kind])
+    return in_force[kind][1] if kind in in_force else None
 
 
 def should_promote(candidate: dict[str, float], current: dict[str, Any] | None, metric: str) -> tuple[bool, str]:
@@ -90,4 +119,4 @@ def model_registered(
         parameters={"config": config, "digest": digest, "parent": parent, "promoted": promoted, "decision": decision},
         metrics=metrics,
     )
-    return make_event(payload, producer=PRODUCER)
+    return make_event(sign(payload), producer=PRODUCER)

@@ -9,6 +9,7 @@ import re
 import duckdb
 
 __all__ = [
+    "READING_DUCKLAKE_FUNCTIONS",
     "READ_ONLY_STATEMENTS",
     "REFUSED_FUNCTIONS",
     "REFUSED_FUNCTION_PREFIXES",
@@ -31,6 +32,26 @@ READ_ONLY_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementT
 REFUSED_FUNCTION_PREFIXES = ("postgres_",)
 REFUSED_FUNCTIONS = frozenset(
     {"pg_clear_cache", "read_postgres_binary", "query", "query_table", "json_execute_serialized_sql"}
+)
+#: The DuckLake extension's functions a reader may call: those that only read the lake's metadata or
+#: its change feed. Every other ``ducklake_*`` function is refused, whatever a new version of the
+#: extension adds: they write (``ducklake_merge_adjacent_files`` left a new Parquet file per call,
+#: ``ducklake_add_data_files``, ``ducklake_rewrite_data_files``, ``ducklake_expire_snapshots``, the
+#: clean-ups, ``ducklake_commit``), set options (``ducklake_set_option`` crashed the process with
+#: SIGSEGV on a read-only attach) or scan files directly (``ducklake_scan``).
+READING_DUCKLAKE_FUNCTIONS = frozenset(
+    {
+        "ducklake_current_snapshot",
+        "ducklake_last_committed_snapshot",
+        "ducklake_list_files",
+        "ducklake_options",
+        "ducklake_settings",
+        "ducklake_snapshots",
+        "ducklake_table_changes",
+        "ducklake_table_deletions",
+        "ducklake_table_info",
+        "ducklake_table_insertions",
+    }
 )
 
 
@@ -107,7 +128,7 @@ def check_read_only(sql: str) -> list[str]:
         if called:
             raise ReadOnlyViolation(
                 f"statement {i} calls {called}(): `prmloop sql` reads the store's tables and views only; "
-                "functions that reach PostgreSQL or run SQL text are refused"
+                "functions that reach PostgreSQL, run SQL text, or change the lake or its options are refused"
             )
     return [st.query for st in statements]
 
@@ -129,5 +150,7 @@ def _refused_call(sql: str) -> str | None:
             continue
         name = (match.group(2) or match.group(1).replace('""', '"')).lower()
         if name in REFUSED_FUNCTIONS or name.startswith(REFUSED_FUNCTION_PREFIXES):
+            return name
+        if name.startswith("ducklake_") and name not in READING_DUCKLAKE_FUNCTIONS:
             return name
     return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -258,3 +259,37 @@ def wait_until() -> Callable[..., None]:
 def topic_reader() -> Callable[..., list[Envelope]]:
     """:func:`read_topic`: what a test reads back from the real broker."""
     return read_topic
+
+
+def run_as_nobody(argv: Sequence[str], *, timeout_s: float = 60, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as the local user ``nobody`` (another user of this machine: the attacker of issue 39)."""
+    return subprocess.run(
+        ["runuser", "-u", "nobody", "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture(scope="session")
+def as_nobody() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """:func:`run_as_nobody`; skipped, saying why, where this suite cannot act as another user."""
+    if os.geteuid() != 0:
+        pytest.skip(f"acting as another local user (nobody) needs root: these tests run as uid {os.geteuid()}")
+    if shutil.which("runuser") is None:
+        pytest.skip("runuser (util-linux) is missing: cannot run a command as the user nobody")
+    return run_as_nobody
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A fresh folder under /tmp that every user may enter (0755): what lies inside is protected by its
+    own permissions only, as a home under /home is (pytest's tmp_path is 0700 and would hide everything)."""
+    path = Path(tempfile.mkdtemp(prefix="prmloop-open-", dir="/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

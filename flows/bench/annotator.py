@@ -27,7 +27,7 @@ from typing import Any
 from prmloop.consumers.scorer import StepScorer
 from prmloop.models.simulator import SimulatedSolution, SimulatedStepUncertainty, SimulatorConfig, simulate_solutions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.broker import EmbeddedBroker, parent_death_signal
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, SolutionSampled
@@ -67,7 +67,14 @@ def _run_config(
     command += ["--sim-n", str(n), "--sim-seed", str(seed), "--sim-latency", str(latency_s), "--topic", topic]
     command += ["--group", f"group-{topic}", "--in-flight", str(in_flight), "--until-idle", "5"]
     procs = [
-        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509 - never outlives the bench
+        )
         for _ in range(processes)
     ]
     summaries = []

@@ -29,14 +29,17 @@ __all__ = ["bench_broker_storage"]
 
 @contextlib.contextmanager
 def _throwaway_postgres() -> Iterator[str]:
-    """A pgserver PostgreSQL in a temporary folder (PostgreSQL's user must be able to write it)."""
-    import pgserver
+    """A pgserver PostgreSQL in a temporary folder, as prmloop makes them (a password for every role; the
+    brokers' storage owned by its role)."""
+    from prmloop.store.credentials import BROKER_ROLE, load_credentials
+    from prmloop.store.pg_local import start_local_postgres
 
     folder = Path(tempfile.mkdtemp(prefix="prmloop-bench-broker-"))
-    folder.chmod(0o755)  # pgserver runs PostgreSQL as its own user when this runs as root
-    server = pgserver.get_server(folder / "pg", cleanup_mode="stop")
+    credentials = load_credentials()
+    server = start_local_postgres(folder / "pg", {"prmloop_broker": BROKER_ROLE}, credentials=credentials)
+    socket_dir = server.get_postmaster_info().socket_dir
     try:
-        yield str(server.get_uri(database="prmloop_broker"))
+        yield f"postgresql://{BROKER_ROLE}@/prmloop_broker?host={socket_dir}&passfile={credentials.passfile(BROKER_ROLE)}"
     finally:
         server.cleanup()
         shutil.rmtree(folder, ignore_errors=True)

@@ -35,11 +35,12 @@ from prmloop.flows.engine import (
     default_threads,
     engine_command,
     engine_environment,
+    engine_key_environment,
     vllm_python,
     wait_ready,
 )
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
-from prmloop.store.broker import free_port
+from prmloop.store.broker import free_port, parent_death_signal
 
 __all__ = ["bench_engines"]
 
@@ -91,6 +92,8 @@ def engine_server(
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            # SIGKILLed with this process, whatever ends it (SIGTERM goes through the finally below).
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509
         )
     try:
         if not wait_ready(url, 600, lambda: process.poll() is None):
@@ -158,7 +161,7 @@ def bench_engines(
         result["vllm_inprocess"] = result["vllm_server"] = f"skipped: {exc}"
         python = model = None
     if python is not None and model is not None:
-        env = {**os.environ, **engine_environment(threads)}
+        env = {**os.environ, **engine_environment(threads), **engine_key_environment()}
         # Every engine in the bench's dtype (the loop's engine picks its own, flows.engine.cpu_dtype): the
         # in-process runs read it from their environment, the server from its flags.
         overrides = {"dtype": dtype}
@@ -172,7 +175,11 @@ def bench_engines(
             say(f"vLLM server, {key}")
             with engine_server(python, model, caching, env, overrides) as (url, start_s):
                 client = TokenizedOpenAIBackend(
-                    "smollm2", tokenizer=load_tokenizer("smollm2"), base_url=url, max_concurrency=workload.n_prompts
+                    "smollm2",
+                    tokenizer=load_tokenizer("smollm2"),
+                    base_url=url,
+                    api_key=env["VLLM_API_KEY"],
+                    max_concurrency=workload.n_prompts,
                 )
                 with client:
                     server[key] = {"start_s": round(start_s, 1), **run_workload(client, workload, sampling=caching)}

@@ -22,9 +22,10 @@ from prmloop.store.settings import KafkaSettings, StateSettings
 __all__ = ["run_rounds_arm", "speed_probe"]
 
 
-def speed_probe(threads: int | None, base_url: str | None = None) -> float:
+def speed_probe(threads: int | None, base_url: str | None = None, api_key: str | None = None) -> float:
     """Tokens per second of the engine the stages will use: transformers in process, or the vLLM
-    engine at ``base_url``; batched like the loop's sampling and rollouts (two prompts x 4)."""
+    engine at ``base_url`` (its API key: ``api_key``, else ``$PRMLOOP_HOME``'s credentials'); batched
+    like the loop's sampling and rollouts (two prompts x 4)."""
     from prmloop.models.backends.base import SamplingParams
     from prmloop.models.backends.registry import EngineSettings, build_backend
 
@@ -32,8 +33,10 @@ def speed_probe(threads: int | None, base_url: str | None = None) -> float:
         engine = EngineSettings(threads=threads)
     else:
         from prmloop.flows.engine import SERVED_MODEL_NAME
+        from prmloop.store.credentials import load_credentials
 
-        engine = EngineSettings(backend="openai", model=SERVED_MODEL_NAME, base_url=base_url)
+        key = api_key or load_credentials().engine_api_key
+        engine = EngineSettings(backend="openai", model=SERVED_MODEL_NAME, base_url=base_url, api_key=key)
     generator = build_backend(engine.backend_config())
     generator.generate(["Count: 1,"], SamplingParams(n=1, max_new_tokens=4, temperature=0.7, seed=0))  # warm-up
     started = time.perf_counter()

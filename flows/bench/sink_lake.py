@@ -23,9 +23,11 @@ from typing import Any
 
 from prmloop.flows.bench.sink import bench_broker, latency_summary, percentile, publish_paced, raw_consume
 from prmloop.flows.bench.synthetic import synthetic_events
+from prmloop.store.broker import parent_death_signal
 from prmloop.store.duck import projection_sql, query
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.lake import LakeStore, ensure_schema, local_postgres
+from prmloop.store.settings import StateSettings
 
 
 def bench_sink_lake(
@@ -58,7 +60,8 @@ def bench_sink_lake(
                 **os.environ,
                 "KAFKA_BOOTSTRAP_SERVERS": servers,
                 "PRMLOOP_STORE": store.spec,
-                "PRMLOOP_HOME": str(Path(tmp) / "home"),
+                # The bench's own home: the sinks reach the catalog with the roles its credentials made.
+                "PRMLOOP_HOME": str(StateSettings().home),
             }
             procs = [
                 subprocess.Popen(
@@ -75,6 +78,7 @@ def bench_sink_lake(
                     env=env,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
+                    preexec_fn=parent_death_signal(),  # noqa: PLW1509 - never outlives the bench
                 )
                 for _ in range(sinks)
             ]

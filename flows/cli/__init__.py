@@ -2,7 +2,8 @@
 
 ``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (prioritize, sample, score, annotate,
 judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments),
-``prm`` (dataset, train, retrain, models), ``loop`` (run: the loop as a stream), ``bench`` and
+``prm`` (dataset, train, retrain, models), ``loop`` (run: the loop as a stream), ``credentials`` (kafka,
+prefect, engine), ``bench`` and
 ``evals``. :func:`main` is the console entry point.
 """
 
@@ -12,17 +13,27 @@ import sys
 
 from pydantic import ValidationError
 
-from prmloop.flows.cli import bench, evals, loop, pipeline, prm, stack, store
+from prmloop.flows.cli import bench, credentials, evals, loop, pipeline, prm, stack, store
 from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.broker import BrokerError
 from prmloop.store.codec import PublishError
+from prmloop.store.credentials import CredentialsError
 from prmloop.store.duck import ReadOnlyViolation, StoreLocked
 from prmloop.store.lake import LakeError
 
 __all__ = ["app", "main"]
 
-_COMMAND_GROUPS = (bench, evals, loop, pipeline, prm, stack, store)  # imported for the commands they register
+_COMMAND_GROUPS = (
+    bench,
+    credentials,
+    evals,
+    loop,
+    pipeline,
+    prm,
+    stack,
+    store,
+)  # imported for the commands they register
 
 
 def main() -> None:
@@ -33,6 +44,7 @@ def main() -> None:
         _error(validation_message(exc))
     except (
         BrokerError,
+        CredentialsError,
         PublishError,
         ReadOnlyViolation,
         StoreLocked,

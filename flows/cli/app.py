@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
+from prmloop.store.credentials import private_files, secure_home
 from prmloop.store.duck import locate
 from prmloop.store.lake import is_lake_spec
 from prmloop.store.settings import StateSettings
@@ -92,8 +93,11 @@ def _root(
     ctx: typer.Context, verbose: Annotated[bool, typer.Option("--verbose", "-v", help="log progress")] = False
 ) -> None:
     _setup_logging(verbose)
+    # What prmloop writes is its user's alone: files 0600 in a home closed to other users.
+    private_files()
+    home = secure_home(StateSettings().home)
+    _exit_cleanly_on_signals(ctx)
     # Prefect's state goes under $PRMLOOP_HOME, not the ~/.prefect every other Prefect run shares.
-    home = StateSettings().home
     ctx.with_resource(isolate_prefect_state(home))
     # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
     if not USER_CHOSE_PREFECT and "prefect" not in sys.modules:
@@ -102,6 +106,21 @@ def _root(
         url = prefect_api_url(StateSettings(home=home))
         if url:
             os.environ["PREFECT_API_URL"] = url
+
+
+def _exit_cleanly_on_signals(ctx: typer.Context) -> None:
+    """SIGTERM or SIGHUP end the command as Ctrl-C would, through its ``finally`` blocks and context
+    managers: a server it started for itself (the vLLM server of `bench generate`, the query process of
+    `sql`, a bench's sinks) is stopped, never left behind with parent 1. Commands that stop their own
+    way install their own handlers over this one (the broker, the services, the demo)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    ctx.call_on_close(lambda: [signal.signal(sig, handler) for sig, handler in previous.items()])
 
 
 def stop_on_signals() -> threading.Event:

@@ -89,7 +89,7 @@ def settings_command(
     strategy, a negative count) is a one-line usage error naming the option and the valid values (exit code
     2), raised before the command (and so any flow run) starts.
     """
-    skipped = set(exclude)
+    skipped = {*exclude, "api_key"}  # a secret is never a command-line option (others see argv): environment only
     own = set(settings_cls.__annotations__)
     # The service's own options first, then the shared ones (model, simulator) it inherits.
     names = sorted(settings_cls.model_fields, key=lambda n: n not in own)

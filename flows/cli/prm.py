@@ -129,17 +129,30 @@ def list_models(
     ),
 ) -> None:
     """Registered models, newest first, one table per kind: which model of each kind is in force (the
-    newest promoted one, which the loop uses), which were promoted when registered, the metric each kind
-    is promoted by. --format json or csv: every column of the `model_versions` view."""
+    newest promoted one whose signature verifies, which the loop uses), which were promoted when
+    registered, which are unverified (not signed by prmloop's flows: never in force), the metric each
+    kind is promoted by. --format json or csv: every column of the `model_versions` view, `in_force` as
+    the signatures decide it, and `signature` (verified, unsigned or bad signature)."""
     from prmloop.flows.output import print_rows
     from prmloop.store.duck import query
+    from prmloop.store.signing import signature_status
 
-    result = query(db_path(db), "SELECT * FROM model_versions ORDER BY kind, registered_at DESC, event_id DESC")
+    sql = (
+        "SELECT m.*, e.payload AS _payload FROM model_versions m JOIN events e USING (event_id) "
+        "ORDER BY m.kind, m.registered_at DESC, m.event_id DESC"
+    )
+    result = query(db_path(db), sql)
     rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+    seen: set[str] = set()
     for row in rows:  # DuckDB hands JSON columns over as text
         row["metrics"] = json.loads(row["metrics"]) if isinstance(row["metrics"], str) else row["metrics"] or {}
+        row["signature"] = signature_status("ModelRegistered", row.pop("_payload"))
+        row["in_force"] = bool(row["promoted"]) and row["signature"] == "verified" and row["kind"] not in seen
+        if row["in_force"]:
+            seen.add(row["kind"])
+    columns = [c for c in result.columns if c != "_payload"] + ["signature"]
     if fmt is not OutputFormat.table:
-        print_rows(result.columns, [[r[c] for c in result.columns] for r in rows], fmt, err=err)
+        print_rows(columns, [[r[c] for c in columns] for r in rows], fmt, err=err)
         return
     if not rows:
         _say("no models registered yet: `prmloop retrain` trains and registers one")
@@ -159,7 +172,10 @@ def _kind_table(kind: str, rows: list[dict[str, Any]]) -> None:
     metric = PROMOTION_METRIC.get(kind)
     heading = f"{kind}: {_KIND_NAMES.get(kind, kind)}"
     heading += f", promoted by {metric}" if metric else ""
-    heading += "" if any(r["in_force"] for r in rows) else "; none in force (none was promoted)"
+    if not any(r["in_force"] for r in rows):
+        promoted = any(r["promoted"] for r in rows)
+        why = "no promoted one is signed by prmloop" if promoted else "none was promoted"
+        heading += f"; none in force ({why})"
     console = Console()
     console.print(Text(escape_control(heading, keep_layout=False)), soft_wrap=True)
     table = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False)
@@ -171,6 +187,8 @@ def _kind_table(kind: str, rows: list[dict[str, Any]]) -> None:
     for r in rows:
         value = r["metrics"].get(metric) if metric else None
         status = "in force" if r["in_force"] else "superseded" if r["promoted"] else "not promoted"
+        if r["signature"] != "verified":  # not made by prmloop's flows (or an older prmloop): never in force
+            status = "not used: " + {"bad signature": "bad sig"}.get(r["signature"], r["signature"])
         registered = r["registered_at"]
         when = registered.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if isinstance(registered, datetime) else ""
         table.add_row(

@@ -174,7 +174,12 @@ def screenshots(
     target = url or prefect_api_url()
     if not target:
         usage_error("no Prefect server found: start one with `prmloop up`, or give --url")
-    files = take_screenshots(target, out, wait_ms=int(wait * 1000))
+    from prmloop.store.credentials import load_credentials
+
+    # prmloop's servers ask for the credentials' auth string (one given by --url may ask for another:
+    # PREFECT_API_AUTH_STRING).
+    auth = os.environ.get("PREFECT_API_AUTH_STRING") or load_credentials().prefect_auth_string
+    files = take_screenshots(target, out, wait_ms=int(wait * 1000), auth_string=auth)
     for name, path in files.items():
         _say(f"{name}: {path}")
     typer.echo(json.dumps(files))

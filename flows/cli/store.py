@@ -151,10 +151,16 @@ def sql(
     SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused.
     Reads --db, else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the
     DuckDB file."""
+    from prmloop.flows.cli.sql_process import in_query_process, run_in_query_process
     from prmloop.flows.cluster import cluster_connection
     from prmloop.store.duck import query as run_query
 
-    result = run_query(_reading_store(db, cluster_connection()), query, timeout_s=timeout, sandboxed=True)
+    store = _reading_store(db, cluster_connection())
+    if not in_query_process():
+        # The query runs in a process of its own: no statement can crash this one (ducklake_set_option
+        # did, with SIGSEGV, leaving its pid among the catalog's holders).
+        raise typer.Exit(run_in_query_process(store, query, fmt=fmt.value, timeout=timeout))
+    result = run_query(store, query, timeout_s=timeout, sandboxed=True)
     print_rows(result.columns, result.rows, fmt, err=err)
 
 
@@ -204,6 +210,9 @@ def status(
             "from": "KAFKA_BOOTSTRAP_SERVERS" if configured else "broker.json",
             **({"cluster_id": named.cluster_id} if named else {}),
             "reachable": servers is not None,
+            # Whether only this user reaches it (Tansu in a network namespace of its own), and why not.
+            **({"isolated": named.isolated} if named is not None and named.isolated is not None else {}),
+            **({"why_not_isolated": named.why_not_isolated} if named is not None and named.why_not_isolated else {}),
         }
     else:
         addresses = cluster["bootstrap_servers"].split(",")

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.models.backends.base import Generator, SamplingParams, Scorer
@@ -64,6 +64,9 @@ class EngineSettings(BaseSettings):
         default="smollm2", description="'smollm2' (the embedded model), a local folder, or a served model's name"
     )
     base_url: str | None = Field(default=None, description="openai backend: the server's /v1 URL")
+    #: The server's API key: from the environment only (``PRMLOOP_<SERVICE>_API_KEY``, set by whatever points
+    #: the service at the machine's engine), never a command-line option, masked in flow-run parameters.
+    api_key: SecretStr | None = Field(default=None, description="openai backend: the server's API key")
     threads: int | None = Field(
         default=None, ge=1, description="transformers: torch CPU threads (1 on a shared CPU; default: torch's)"
     )
@@ -75,6 +78,8 @@ class EngineSettings(BaseSettings):
             options["num_threads"] = self.threads
         if self.base_url is not None:
             options["base_url"] = self.base_url
+        if self.api_key is not None and self.backend == "openai":
+            options["api_key"] = self.api_key.get_secret_value()
         return BackendConfig(
             backend=self.backend, model=self.model, options=options, sampling=sampling or SamplingParams()
         )

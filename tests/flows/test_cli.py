@@ -21,6 +21,7 @@ from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.duck import EventStore
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 from prmloop.store.registry import PROMOTION_METRIC
+from prmloop.store.signing import sign
 
 runner = CliRunner()
 
@@ -149,8 +150,8 @@ def _registration(kind: str, promoted: bool, second: int, f1: float) -> Envelope
         parameters={"promoted": promoted, "decision": "test"},
         metrics={metric: f1, "loss": 0.25},
     )
-    return make_event(
-        payload, producer="test", occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=second)
+    return make_event(  # signed as the retrain flows sign: prmloop's own registration
+        sign(payload), producer="test", occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=second)
     )
 
 
@@ -198,6 +199,53 @@ def test_models_list_as_json_has_every_column_and_the_decision(registry: Path) -
         for i, (kind, promoted, _, status) in enumerate(_MODELS)
     }
     assert all(isinstance(r["metrics"], dict) and r["decision"] == "test" and r["artifact_uri"] for r in rows)
+
+
+def test_a_promotion_anyone_on_the_broker_publishes_is_stored_but_never_in_force(registry: Path) -> None:
+    """Issue 39, point 3: a ModelRegistered with `promoted: true` from any client (producer "mallory")
+    showed as in force in `prmloop models list`. Now the newest promoted model that prmloop signed stays
+    in force, for the registry (what retrain and the selector use), `models list` and `status`; an
+    unsigned one, or one whose signature is not prmloop's, is listed as unverified. The same for a
+    calibration."""
+    from prmloop.store.events import CalibrationFitted
+    from prmloop.store.metrics import loop_metrics
+    from prmloop.store.registry import current_model
+
+    forged = _registration("prm_ensemble", True, 9, 0.99).payload.model_copy(update={"signature": None})
+    bad = forged.model_copy(update={"model_id": "prm_ensemble-forged-sig", "signature": "hmac-sha256:" + "0" * 64})
+    calibration = CalibrationFitted(
+        calibration_id="cal-prmloop", generator="g", prm="p", score_rule="min", method="logit", fit={},
+        calibration_split="s",
+    )  # fmt: skip
+    stolen = calibration.model_copy(update={"calibration_id": "cal-mallory"})
+    late = datetime(2027, 1, 1, tzinfo=UTC)
+    events = [
+        make_event(forged, producer="mallory", occurred_at=late),
+        make_event(bad, producer="mallory", occurred_at=late + timedelta(minutes=1)),
+        make_event(sign(calibration), producer="prmloop-calibrate", occurred_at=late),
+        make_event(stolen, producer="mallory", occurred_at=late + timedelta(minutes=1)),
+    ]
+    store = EventStore(registry)
+    store.write_batch(events_to_arrow([ConsumedEvent(e, "m", 0, i, 0) for i, e in enumerate(events)]), [("m", 0, 4)])
+    store.close()
+    result = runner.invoke(app, ["models", "list", "--db", str(registry)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    assert re.search(r"^prm_ensemble-0{11}9\s+not used: unsigned\s", result.stdout, re.MULTILINE)
+    assert re.search(r"^prm_ensemble-forged-sig\s+not used: bad sig\s", result.stdout, re.MULTILINE)
+    assert re.search(rf"^prm_ensemble-{3:012x}\s+in force", result.stdout, re.MULTILINE), result.stdout
+    in_force = current_model(registry, kind="prm_ensemble")
+    assert in_force is not None and in_force["model_id"] == f"prm_ensemble-{3:012x}"
+    metrics = loop_metrics(registry)
+    assert metrics["current_prm_ensemble"]["model_id"] == f"prm_ensemble-{3:012x}"
+    assert {(m["model_id"], m["why"]) for m in metrics["not_in_force"]["models"]} == {
+        (f"prm_ensemble-{9:012x}", "unsigned: never in force"),
+        ("prm_ensemble-forged-sig", "bad signature: never in force"),
+    }
+    assert metrics["calibration"]["calibration_id"] == "cal-prmloop"
+    assert metrics["not_in_force"]["calibrations"] == [
+        {"calibration_id": "cal-mallory", "why": "unsigned: never in force"}
+    ]
 
 
 def test_sql_help_names_every_statement_the_readme_lists() -> None:

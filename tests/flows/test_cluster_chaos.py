@@ -34,6 +34,7 @@ import pytest
 from prmloop.flows.cluster import cluster_connection
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
+from prmloop.store.credentials import load_credentials
 from prmloop.store.duck import query
 from prmloop.store.follow import read_links
 from prmloop.store.kafka import EventProducer
@@ -112,6 +113,9 @@ class Cluster:
         }
         self.store = ""
         self.api = ""
+        # The Prefect server asks for the credentials' basic-auth string (issue 39).
+        user, _, password = load_credentials(home).prefect_auth_string.partition(":")
+        self.http = httpx.Client(auth=(user, password), timeout=10)
 
     def prmloop(self, *args: str, timeout: float = 300) -> dict[str, Any]:
         done = subprocess.run(
@@ -158,11 +162,11 @@ class Cluster:
         return self.count(f"SELECT count(*) FROM events WHERE event_id IN ({listed})")
 
     def flow_run(self, run_id: str) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.api}/flow_runs/{run_id}", timeout=10).json())
+        return dict(self.http.get(f"{self.api}/flow_runs/{run_id}").json())
 
     def run_deployment(self, name: str) -> str:
-        deployment = httpx.get(f"{self.api}/deployments/name/{name}", timeout=10).json()
-        created = httpx.post(f"{self.api}/deployments/{deployment['id']}/create_flow_run", json={}, timeout=10)
+        deployment = self.http.get(f"{self.api}/deployments/name/{name}").json()
+        created = self.http.post(f"{self.api}/deployments/{deployment['id']}/create_flow_run", json={})
         created.raise_for_status()
         return str(created.json()["id"])
 
@@ -291,7 +295,10 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
         figures: dict[str, Any] = {"piece": piece, "at_s": round(at - began, 1)}
         if restart_first:
             figures |= restart(piece)
-        _wait(lambda: resumed(at), 300, f"work to resume after {piece} was killed", every_s=2)
+        try:
+            _wait(lambda: resumed(at), 300, f"work to resume after {piece} was killed", every_s=2)
+        except AssertionError as stalled:  # say which stage stalled, and why (issue 39, point 8)
+            raise AssertionError(f"{stalled}; kills: {kills}; where the chain stands: {_stuck(cluster)}") from None
         figures["resumed_s"] = round(time.monotonic() - at, 1)
         if not restart_first:
             figures |= restart(piece)
@@ -396,9 +403,9 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
             duplicated += sum(n - 1 for n in seen.values())
         assert set(stored) >= sent and not (solutions ^ {s for _, s, _ in per_stage})
 
-        runs = httpx.post(f"{cluster.api}/flow_runs/filter", json={}, timeout=10).json()
+        runs = cluster.http.post(f"{cluster.api}/flow_runs/filter", json={}).json()
         states = {r["id"]: r["state_type"] for r in runs}
-        history = httpx.get(f"{cluster.api}/flow_run_states/", params={"flow_run_id": killed_run}, timeout=10).json()
+        history = cluster.http.get(f"{cluster.api}/flow_run_states/", params={"flow_run_id": killed_run}).json()
         status_checks = _check_status(samples)
         figures = {
             "solutions": published,

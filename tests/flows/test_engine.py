@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from prmloop.flows.engine import (
+    ENGINE_SERVICES,
     EngineError,
     cpu_dtype,
     engine_command,
@@ -163,3 +164,24 @@ def test_the_benchs_dtype_wins_over_the_cpu_default_and_the_variable(
     monkeypatch.setenv("PRMLOOP_VLLM_OPTIONS", '{"dtype": "float16"}')
     argv = engine_command(Path("p"), tmp_path, 1, gpu=False, overrides={"dtype": "bfloat16"})
     assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == "bfloat16"
+
+
+def test_the_services_get_the_engines_api_key_from_the_environment_never_from_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows.engine import engine_key_environment
+    from prmloop.producers.sampler import SampleSettings
+    from prmloop.store.credentials import load_credentials
+
+    key = load_credentials(tmp_path).engine_api_key
+    assert engine_key_environment(tmp_path) == {"VLLM_API_KEY": key}
+    env = service_environment("http://127.0.0.1:9/v1", tmp_path)
+    assert all(env[f"PRMLOOP_{prefix}_API_KEY"] == key for prefix in ENGINE_SERVICES)
+    assert key not in " ".join(engine_command(Path("p"), tmp_path, 1, gpu=False))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = SampleSettings()
+    assert key not in repr(settings)  # a SecretStr: masked in logs and in Prefect's flow-run parameters
+    assert settings.backend_config().options["api_key"] == key
+    monkeypatch.setenv("PRMLOOP_SAMPLE_BACKEND", "transformers")  # the user's choice: no key to a local model
+    assert "api_key" not in SampleSettings().backend_config().options

@@ -113,7 +113,14 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
             "        print(names)\n"
             "asyncio.run(main())\n"
         )
-        env = {**os.environ, "PREFECT_API_URL": url}
+        from prmloop.store.credentials import load_credentials
+
+        # The server asks for the credentials' auth string (issue 39): a client without it gets 401.
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": url,
+            "PREFECT_API_AUTH_STRING": load_credentials(tmp_path).prefect_auth_string,
+        }
         out = subprocess.run(
             [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300, check=False
         )
@@ -198,7 +205,11 @@ def test_up_after_a_killed_broker_moves_the_services_and_status_flags_a_dead_one
             "from": "broker.json",
             "cluster_id": new.cluster_id,
             "reachable": True,
+            # Whether Tansu runs in a network namespace of its own (issue 39), with the reason where it cannot.
+            "isolated": new.isolated,
+            **({"why_not_isolated": new.why_not_isolated} if not new.isolated else {}),
         }
+        assert isinstance(new.isolated, bool)
         shown = status["services"]["sink"]
         assert shown["state"] == "running" and shown["pid"] == sink.pid
         assert shown["broker"]["cluster_id"] == new.cluster_id and shown["broker"]["current"] is True
@@ -214,3 +225,83 @@ def test_up_after_a_killed_broker_moves_the_services_and_status_flags_a_dead_one
         _prmloop(tmp_path, "down")
     assert running_services(state) == {}
     assert read_links(state) == [], "down left the killed sink's link record"
+
+
+def _processes_of(home: Path, argument: str) -> list[int]:
+    """Live `prmloop <argument>` processes (not zombies) whose environment names ``home``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ours = f"PRMLOOP_HOME={home}".encode() in environ and b"prmloop.flows.cli" in cmdline
+        if ours and argument.encode() in cmdline and not _gone(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_two_ups_at_once_start_one_sink_and_down_leaves_nothing(tmp_path: Path) -> None:
+    """Issue 39, point 7: two `prmloop up` at once started two sinks; run/sink.json recorded one and
+    `down` left the other running. Now the second waits for the first (a lock in the home) and then finds
+    everything running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "KAFKA_"))}
+    env["PRMLOOP_HOME"] = str(tmp_path)
+    argv = [sys.executable, "-m", "prmloop.flows.cli", "up", "--only", "broker", "--only", "sink"]
+    ups = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        outputs = [up.communicate(timeout=300) for up in ups]
+        assert [up.returncode for up in ups] == [0, 0], outputs
+        started = sorted(json.loads(out)["started"] for out, _ in outputs)
+        assert started == [[], ["broker", "sink"]], outputs
+        assert any("another `prmloop up` (pid" in err and "waiting for it" in err for _, err in outputs), outputs
+        assert len(_processes_of(tmp_path, "sink")) == 1
+        assert len(_processes_of(tmp_path, "broker")) == 1
+    finally:
+        assert _prmloop(tmp_path, "down").returncode == 0
+    deadline = time.monotonic() + 20
+    while _processes_of(tmp_path, "sink") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_of(tmp_path, "sink") == [] and _processes_of(tmp_path, "broker") == []
+
+
+def test_sigterm_to_a_command_stops_the_process_it_started(tmp_path: Path) -> None:
+    """No command leaves a process behind when it is stopped: `prmloop sql` runs its query in a process of
+    its own; SIGTERM to the command (while the query runs) ends that process too."""
+    from prmloop.consumers.sink import events_to_arrow
+    from prmloop.flows.bench.synthetic import synthetic_events
+    from prmloop.store.consumer import ConsumedEvent
+    from prmloop.store.duck import EventStore
+
+    store = EventStore(tmp_path / "prmloop.duckdb")
+    store.write_batch(
+        events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(synthetic_events(5))]), [("t", 0, 5)]
+    )
+    store.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "KAFKA_"))}
+    env["PRMLOOP_HOME"] = str(tmp_path / "home")
+    slow = "SELECT count(*) FROM range(100000000000) a"
+    command = subprocess.Popen(
+        [sys.executable, "-m", "prmloop.flows.cli", "sql", slow, "--db", str(store.path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (children := _children(command.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert children, "the query process never started"
+        time.sleep(1.0)  # the query runs
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 20
+        while not all(_gone(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_gone(pid) for pid in children), "the query process outlived the command"
+    finally:
+        if command.poll() is None:
+            command.kill()

@@ -23,6 +23,7 @@ from prmloop.flows.stack import down, read_state, service_report, up
 from prmloop.models.backends.base import SamplingParams, Tokenized
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, TokenizedOpenAIBackend
 from prmloop.models.backends.registry import build_backend
+from prmloop.store.credentials import load_credentials
 from prmloop.store.settings import StateSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
@@ -74,11 +75,40 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Stat
         down(state=state, say=lambda line: None)
 
 
+def _key(engine: tuple[str, StateSettings]) -> str:
+    """The API key the engine asks for: its home's credentials."""
+    return load_credentials(engine[1].home).engine_api_key
+
+
 @pytest.fixture(scope="module")
 def client(engine: tuple[str, StateSettings]) -> Iterator[Any]:
-    backend = build_backend({"backend": "openai", "model": "smollm2", "options": {"base_url": engine[0]}})
+    options = {"base_url": engine[0], "api_key": _key(engine)}
+    backend = build_backend({"backend": "openai", "model": "smollm2", "options": options})
     yield backend
     backend.close()
+
+
+def test_the_engine_asks_every_request_for_its_api_key(engine: tuple[str, StateSettings], as_nobody: Any) -> None:
+    """Issue 39, point 4: the engine ran without --api-key, so any local user could generate on it.
+    A request without the key, with a wrong one, or from another user is refused; /health stays open."""
+    url, state = engine
+    body = {"model": "smollm2", "prompt": "1 + 1 =", "max_tokens": 2}
+    assert httpx.post(f"{url}/completions", json=body, timeout=60).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert httpx.post(f"{url}/completions", json=body, headers=wrong, timeout=60).status_code == 401
+    right = {"Authorization": f"Bearer {_key(engine)}"}
+    assert httpx.post(f"{url}/completions", json=body, headers=right, timeout=120).status_code == 200
+    record = read_state(state, "engine")
+    assert record is not None and _key(engine) not in " ".join(record.argv)  # not in the process list
+    attack = (
+        "import json, urllib.request, urllib.error\n"
+        f"r = urllib.request.Request({url + '/completions'!r}, data=json.dumps({body!r}).encode(), "
+        "headers={'content-type': 'application/json'})\n"
+        "try:\n    print(urllib.request.urlopen(r, timeout=60).status)\n"
+        "except urllib.error.HTTPError as e:\n    print(e.code)\n"
+    )
+    assert as_nobody(["python3", "-c", attack]).stdout.strip() == "401"
+    assert httpx.get(url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
 
 
 def test_the_embedded_model_gets_a_client_with_its_tokenizer(client: Any) -> None:
@@ -120,13 +150,16 @@ def test_the_answer_stop_keeps_the_answers_tokens_with_or_without_a_local_tokeni
     assert (cut.finish_reason, cut.stop_reason) == ("stop", "answer") and full.text.startswith(cut.text)
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
     assert client.tokenizer.decode(list(cut.token_ids)).startswith(cut.text)
-    with OpenAICompatibleBackend("smollm2", base_url=engine[0]) as plain:  # cuts with the server's /detokenize
+    with OpenAICompatibleBackend(
+        "smollm2", base_url=engine[0], api_key=_key(engine)
+    ) as plain:  # cuts with the server's /detokenize
         [plain_cut] = plain.rollouts(FEW_SHOT, 1, greedy.model_copy(update={"stop_at_answer": True}))
     assert (plain_cut.text, plain_cut.token_ids) == (cut.text, cut.token_ids)
 
 
-def _cached_tokens(url: str, body: dict[str, Any]) -> int:
-    response = httpx.post(f"{url}/completions", json={"model": "smollm2", **body}, timeout=300)
+def _cached_tokens(url: str, body: dict[str, Any], key: str) -> int:
+    headers = {"Authorization": f"Bearer {key}"}
+    response = httpx.post(f"{url}/completions", json={"model": "smollm2", **body}, headers=headers, timeout=300)
     response.raise_for_status()
     return int(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
@@ -134,19 +167,19 @@ def _cached_tokens(url: str, body: dict[str, Any]) -> int:
 def test_teacher_forced_scoring_does_not_cost_rollouts_their_prefix_cache(
     engine: tuple[str, StateSettings], client: TokenizedOpenAIBackend
 ) -> None:
-    url = engine[0]
+    url, key = engine[0], _key(engine)
     prefix = client.encode_prompt(FEW_SHOT * 8)
     rollouts = {"prompt": prefix, "n": 4, "max_tokens": 4, "temperature": 1.0, "seed": 1}
-    _cached_tokens(url, rollouts)
-    warm = _cached_tokens(url, rollouts)
+    _cached_tokens(url, rollouts, key)
+    warm = _cached_tokens(url, rollouts, key)
     assert warm >= len(prefix) // 2, (warm, len(prefix))
     # Prompt log-probabilities bypass the cache: a scoring request prefills its whole prompt ...
     echo = {"prompt": prefix, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": 1}
-    assert _cached_tokens(url, echo) == 0
+    assert _cached_tokens(url, echo, key) == 0
     # ... but scoring many continuations of that prefix leaves the rollouts' cached blocks in place.
     continuations = [f" The answer is {i}." for i in range(12)]
     client.score([(FEW_SHOT * 8, text) for text in continuations])
-    assert _cached_tokens(url, rollouts) == warm
+    assert _cached_tokens(url, rollouts, key) == warm
 
 
 def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSettings], topic_reader: Any) -> None:
@@ -159,7 +192,7 @@ def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSe
     from prmloop.store.kafka import ensure_topics
 
     url = engine[0]
-    served = {"backend": "openai", "model": "smollm2", "base_url": url}
+    served = {"backend": "openai", "model": "smollm2", "base_url": url, "api_key": _key(engine)}
     with EmbeddedBroker() as broker:
         servers = broker.bootstrap_servers
         ensure_topics(servers)
@@ -217,8 +250,9 @@ def test_the_loop_uses_the_running_engine(engine: tuple[str, StateSettings], mon
     loop._use_engine(url)
     sample = SampleSettings()
     assert (sample.backend, sample.base_url, sample.model) == ("openai", url, "smollm2")
+    assert sample.api_key is not None and sample.api_key.get_secret_value() == _key(engine)  # its home's key
     assert os.environ["PRMLOOP_ANNOTATOR_BACKEND"] == "transformers"
-    assert speed_probe(None, url) > 0
+    assert speed_probe(None, url, _key(engine)) > 0
 
 
 def test_status_shows_the_engine_and_its_load_and_down_stops_it(engine: tuple[str, StateSettings]) -> None:

@@ -34,6 +34,27 @@ def storage(postgres_catalog: str) -> str:
     return str(server.get_uri(database=f"broker_{uuid.uuid4().hex[:8]}"))
 
 
+class SignedRequests(httpx.Auth):
+    """AWS Signature Version 4 with the gateway's key (the credentials of this session's home)."""
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        from prmloop.store.credentials import load_credentials
+        from prmloop.store.sigv4 import sign_headers
+
+        credentials = load_credentials()
+        body = request.read()
+        request.headers.update(
+            sign_headers(
+                request.method,
+                str(request.url),
+                body,
+                access_key_id=credentials.gateway_access_key_id,
+                secret=credentials.gateway_secret_key,
+            )
+        )
+        yield request
+
+
 def _ids_in(servers: str, group: str, *, idle_s: float = 4.0, commit: int | None = None) -> list[str]:
     """Event ids a consumer of ``group`` reads until idle; commits after ``commit`` records if given."""
     consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=group), consumer_timeout_ms=500)
@@ -120,7 +141,8 @@ def test_the_gateway_updates_objects_only_on_the_version_the_writer_read(storage
         while not port_open("127.0.0.1", port) and time.monotonic() < deadline:
             time.sleep(0.1)
         base = f"http://127.0.0.1:{port}/bucket"
-        with httpx.Client() as http:
+        with httpx.Client(auth=SignedRequests()) as http:  # signed as Tansu's S3 client signs
+            assert httpx.get(f"{base}/a/w.json").status_code == 403  # unsigned: refused
             created = http.put(f"{base}/a/w.json", content=b"1", headers={"If-None-Match": "*"})
             assert created.status_code == 200
             assert http.put(f"{base}/a/w.json", content=b"2", headers={"If-None-Match": "*"}).status_code == 412

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -340,3 +341,52 @@ def test_a_reader_past_an_end_the_broker_undercounts_does_not_read_again(
     assert sorted(seen) == [f"q{i}" for i in range(5)], seen  # each once
     assert not any("reading again" in r.getMessage() for r in caplog.records), caplog.text
     assert reported_end == 1, "the broker counted this batch's end right: the case is not made here"
+
+
+def test_a_batch_retried_while_its_database_is_down_keeps_the_group_membership(kafka_bootstrap: str) -> None:
+    """Issue 39, point 8: while the cluster's PostgreSQL was down, the sinks' batches failed again and
+    again and the runtime slept between tries, doubling the wait up to 30 s, without polling: after
+    PostgreSQL came back the sinks still slept (their next try came 22 s later in a chaos run), and a
+    sleep past the poll interval (10 s) risks the group membership. Now it polls while it waits and
+    never waits more than 5 s: over 16 s of failures the member keeps its partitions, and the batch is
+    stored within seconds of the database's return (on the old code the last wait was 12.8 s)."""
+    topic = _topic(1, kafka_bootstrap)
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(3)])
+    down_until = [0.0]
+    tries: list[float] = []
+    stored: list[str] = []
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        now = time.monotonic()
+        if not down_until[0]:
+            down_until[0] = now + 16  # the database goes down as the first batch arrives, for 16 s
+        tries.append(now)
+        if now < down_until[0]:
+            raise OSError("connection refused: the database is down")
+        stored.extend(str(c.event.correlation_id) for c in batch)
+
+    runtime = ConsumerRuntime(topics=[topic], group_id=f"g-{topic}", bootstrap_servers=kafka_bootstrap, handler=handler)
+    revoked: list[float] = []
+    original = runtime._connect
+
+    def connect(servers: str) -> KafkaConsumer:
+        consumer = original(servers)
+        listener = consumer._subscription.listener
+
+        class Counting(type(listener)):  # type: ignore[misc]
+            def on_partitions_revoked(self, partitions: object) -> None:
+                if partitions:
+                    revoked.append(time.monotonic())
+                super().on_partitions_revoked(partitions)
+
+        counting = Counting(listener.watch)
+        consumer._subscription.listener = counting
+        return consumer
+
+    runtime._connect = connect  # type: ignore[method-assign]
+    _run_until(runtime, lambda: len(stored) >= 3, timeout_s=90)
+    assert stored == ["q0", "q1", "q2"]
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert max(gaps) < 5 + 1.5, f"the runtime waited {max(gaps):.1f} s between tries"
+    assert tries[-1] - down_until[0] < 6, "the batch was not stored soon after the database returned"
+    assert revoked == [], "the group took the member's partitions while it retried"

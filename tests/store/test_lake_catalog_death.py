@@ -30,6 +30,7 @@ from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store import duck
 from prmloop.store.broker import free_port
 from prmloop.store.consumer import ConsumedEvent
+from prmloop.store.credentials import SINK_ROLE, load_credentials
 from prmloop.store.duck import open_writer, query
 from prmloop.store.lake import LakeEventStore, LakeStore
 from prmloop.store.poison import is_transient
@@ -82,9 +83,11 @@ class Catalog:
             time.sleep(0.1)
 
     def psql(self, sql: str) -> subprocess.CompletedProcess[str]:
-        args = [str(postgres_bin_dir() / "psql"), "-X", "-q", "-h", "127.0.0.1", "-p", str(self.port)]
-        args += ["-U", "postgres", "-d", "lake", "-c", sql]
-        return subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+        """``sql`` in the lake's database as its owner, the sinks' role (its password from its passfile)."""
+        args = [str(postgres_bin_dir() / "psql"), "-X", "-q", "-w", "-h", "127.0.0.1", "-p", str(self.port)]
+        args += ["-U", SINK_ROLE, "-d", "lake", "-c", sql]
+        env = {**os.environ, "PGPASSFILE": str(load_credentials().passfile(SINK_ROLE))}
+        return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def _tree(root: int) -> list[int]:
@@ -122,7 +125,11 @@ def test_a_batch_cut_off_by_the_catalogs_death_is_stored_once_it_is_back(
     catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_staging = duck.stage_sql
-    store = LakeStore(f"postgres:dbname=lake user=postgres host=127.0.0.1 port={catalog.port}", tmp_path / "data")
+    passfile = load_credentials().passfile(SINK_ROLE)
+    store = LakeStore(
+        f"postgres:dbname=lake user={SINK_ROLE} passfile={passfile} host=127.0.0.1 port={catalog.port}",
+        tmp_path / "data",
+    )
     writer = open_writer(store)
     assert isinstance(writer, LakeEventStore)
     sink = Sink(writer)

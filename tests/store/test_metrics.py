@@ -24,6 +24,7 @@ from prmloop.store.events import (
 )
 from prmloop.store.lag import consumer_lag
 from prmloop.store.metrics import label_quality, loop_metrics
+from prmloop.store.signing import sign
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def db(tmp_path: Path) -> Path:
         parameters={"promoted": True},
         metrics={"f1": 0.5},
     )
-    events.append(make_event(prm, producer="test"))
+    events.append(make_event(sign(prm), producer="test"))
     rows = events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)])
     store.write_batch(rows, [("t", 0, len(events))])
     return store.path

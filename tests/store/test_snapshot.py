@@ -20,6 +20,7 @@ from prmloop.store.duck import EventStore, query
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 from prmloop.store.metrics import loop_metrics
 from prmloop.store.registry import current_model, model_registered, should_promote
+from prmloop.store.signing import sign
 from prmloop.store.snapshot import SPLITS, load_snapshot, select_labels, split_of, write_snapshot
 
 
@@ -177,7 +178,7 @@ def test_a_promotion_decision_says_whether_it_promoted() -> None:
             assert str(in_force["model_id"]) in why
 
 
-def _registration(kind: str, promoted: bool, second: int) -> Envelope:
+def _registration(kind: str, promoted: bool, second: int, signed: bool = True) -> Envelope:
     payload = ModelRegistered(
         model_id=f"{kind}-{second:012d}",
         kind=kind,  # type: ignore[arg-type]
@@ -189,24 +190,33 @@ def _registration(kind: str, promoted: bool, second: int) -> Envelope:
         metrics={"f1": 0.5},
     )
     return make_event(
-        payload, producer="test", occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=second)
+        sign(payload) if signed else payload,
+        producer="test" if signed else "mallory",
+        occurred_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=second),
     )
 
 
-@given(st.lists(st.tuples(st.sampled_from(["prm", "prm_ensemble"]), st.booleans()), min_size=1, max_size=8))
+@given(
+    st.lists(st.tuples(st.sampled_from(["prm", "prm_ensemble"]), st.booleans(), st.booleans()), min_size=1, max_size=8)
+)
 @settings(max_examples=15, deadline=None)
-def test_the_model_in_force_is_the_newest_promoted_of_its_kind(registrations: list[tuple[str, bool]]) -> None:
-    """`model_versions.in_force`, `current_model` (what retrain compares with) and `loop_metrics` (what
-    `prmloop status` shows) name the same model: the newest promoted one of each kind."""
+def test_the_model_in_force_is_the_newest_promoted_and_signed_of_its_kind(
+    registrations: list[tuple[str, bool, bool]],
+) -> None:
+    """`model_versions.in_force`, `current_model` (what retrain and the selector use) and `loop_metrics`
+    (what `prmloop status` shows) name the same model: the newest promoted one of each kind that
+    prmloop signed; an unsigned one (any broker client's) is never in force (issue 39, point 3)."""
     with tempfile.TemporaryDirectory() as folder:
-        events = [_registration(kind, promoted, i) for i, (kind, promoted) in enumerate(registrations)]
+        events = [_registration(kind, p, i, signed) for i, (kind, p, signed) in enumerate(registrations)]
         db = _store(Path(folder) / "prmloop.duckdb", events)
         marked = dict(query(db, "SELECT kind, model_id FROM model_versions WHERE in_force").rows)
         promoted = query(db, "SELECT count(*) FROM model_versions WHERE promoted").rows[0][0]
-        assert promoted == sum(p for _, p in registrations)
+        assert promoted == sum(p for _, p, _ in registrations)
         metrics = loop_metrics(db)
+        refused = {m["model_id"] for m in metrics["not_in_force"]["models"]}
+        assert refused == {f"{k}-{i:012d}" for i, (k, p, signed) in enumerate(registrations) if p and not signed}
         for kind in ("prm", "prm_ensemble"):
-            last = [i for i, (k, p) in enumerate(registrations) if k == kind and p]
+            last = [i for i, (k, p, signed) in enumerate(registrations) if k == kind and p and signed]
             expected = f"{kind}-{last[-1]:012d}" if last else None
             current = current_model(db, kind)
             assert marked.get(kind) == expected

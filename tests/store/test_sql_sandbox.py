@@ -7,6 +7,7 @@ Behind the statement check, the lake's readers reach the catalog as a role that 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -33,6 +34,7 @@ from prmloop.store.duck import (
 )
 from prmloop.store.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, extension_file, open_lake
 from prmloop.store.lake_catalog import READER_ROLE, reader_conninfo, release_local_postgres
+from prmloop.store.sql_guard import READING_DUCKLAKE_FUNCTIONS
 
 N_EVENTS = 60
 READ_PASSWD = "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/passwd'') AS f')"
@@ -54,7 +56,7 @@ class Stores:
 
 def _owner_backends(con: duckdb.DuckDBPyConnection) -> list[int]:
     """The PostgreSQL sessions of the catalog's owner (the sinks'), as the writer sees them."""
-    sql = "SELECT pid FROM pg_stat_activity WHERE usename = ''postgres'' AND backend_type = ''client backend''"
+    sql = "SELECT pid FROM pg_stat_activity WHERE usename = ''prmloop_sink'' AND backend_type = ''client backend''"
     return [int(r[0]) for r in con.execute(f"SELECT * FROM postgres_query('{METADATA_CATALOG}', '{sql}')").fetchall()]
 
 
@@ -304,3 +306,88 @@ def test_a_reader_of_its_own_never_carries_the_writers_password() -> None:
     assert (
         reader_conninfo(base, "sslmode=disable") == "dbname=lake host=db user=writer password='s3 cret' sslmode=disable"
     )
+
+
+# ------------------------------------------------------------------ the DuckLake extension's own functions
+
+
+def test_every_ducklake_function_that_writes_or_sets_options_is_refused() -> None:
+    """Issue 39, point 6: whatever the extension's version has, listed from the extension itself (the
+    functions a connection has only after loading it): those that merely read go through, every other
+    is refused, by name, quoted or not."""
+    config = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    listing = "SELECT DISTINCT function_name FROM duckdb_functions() WHERE function_name LIKE 'ducklake%'"
+    with duckdb.connect(config=config) as loaded:
+        loaded.execute(f"LOAD '{extension_file('duckdb_extension_ducklake', 'ducklake')}'")
+        functions = {r[0] for r in loaded.execute(listing).fetchall()}
+    assert functions >= READING_DUCKLAKE_FUNCTIONS
+    writing = functions - READING_DUCKLAKE_FUNCTIONS
+    assert {"ducklake_merge_adjacent_files", "ducklake_set_option", "ducklake_expire_snapshots"} <= writing
+    for name in sorted(writing):
+        for call in (f"SELECT * FROM {name}('lake')", f"SELECT * FROM \"{name.upper()}\"('lake')"):
+            with pytest.raises(ReadOnlyViolation, match=name):
+                check_read_only(call)
+    for name in sorted(READING_DUCKLAKE_FUNCTIONS):
+        check_read_only(f"SELECT * FROM {name}('lake')")
+
+
+def _parquet_files(stores: Stores) -> int:
+    return len(list(stores.lake.data_path.rglob("*.parquet")))
+
+
+def test_merging_files_or_setting_options_from_prmloop_sql_changes_nothing(stores: Stores, tmp_path: Path) -> None:
+    """What the issue saw: ``ducklake_merge_adjacent_files('lake')`` left a new Parquet file per call, and
+    ``ducklake_set_option(...)`` killed the process with SIGSEGV (exit 139). Now: one line, exit 2."""
+    before = _parquet_files(stores)
+    for sql in (
+        "SELECT * FROM ducklake_merge_adjacent_files('lake')",
+        "SELECT * FROM ducklake_set_option('lake', 'parquet_compression', 'zstd')",
+        "SELECT * FROM ducklake_expire_snapshots('lake', older_than => now())",
+    ):
+        result = _cli(tmp_path, stores.lake.spec, sql)
+        assert result.returncode == 2, (sql, result.returncode, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "is refused" not in result.stdout
+        assert "change the lake or its options are refused" in result.stderr
+    assert _parquet_files(stores) == before
+    reading = _cli(tmp_path, stores.lake.spec, "SELECT count(*) > 0 AS any FROM ducklake_snapshots('lake')")
+    assert reading.returncode == 0 and reading.stdout.splitlines() == ["any", "True"], reading.stderr
+    _intact(stores, "pgserver-lake")
+
+
+def test_a_query_that_crashes_duckdb_ends_in_one_line_and_leaves_the_catalog_to_stop(tmp_path: Path) -> None:
+    """No statement can crash `prmloop sql`: the query runs in a process of its own. Shown with a query
+    process made to die of SIGSEGV (as ducklake_set_option did): the command says so in one line, exits
+    2, and lets go of the local catalog, which stops with its last holder (before, the dead process's pid
+    stayed among its holders and the catalog never stopped)."""
+    home, lake_dir = tmp_path / "home", tmp_path / "lake"
+    lake = locate(f"ducklake:pgserver:{lake_dir}")
+    assert isinstance(lake, LakeStore)
+    writer = open_writer(lake)
+    writer.close()
+    release_local_postgres(str(lake_dir))  # this test process holds nothing now
+    crash = tmp_path / "site"
+    crash.mkdir()
+    (crash / "sitecustomize.py").write_text(
+        "import os, signal\n"
+        "if os.environ.get('PRMLOOP_SQL_QUERY_PROCESS') == '1':\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env.update(PRMLOOP_HOME=str(home), PRMLOOP_STORE=lake.spec, PYTHONPATH=str(crash))
+    result = subprocess.run(
+        [sys.executable, "-m", "prmloop.flows.cli", "sql", "SELECT 1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: the query crashed DuckDB (SIGSEGV) in its own process; nothing was changed and the store is "
+        "intact: report the statement (`prmloop sql` refuses what it knows to crash)"
+    ]
+    catalog = lake_dir / "catalog"
+    holders = catalog / ".handle_pids.json"
+    assert not holders.exists() or json.loads(holders.read_text() or "[]") == []
+    assert not (catalog / "postmaster.pid").exists(), "the catalog's PostgreSQL is still running"
