@@ -21,13 +21,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeAlias
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from prmloop.store.bounds import Count32, Count64, EventTime, Int32, Int64, JsonData, NonNegReal, Real
 
