@@ -409,9 +409,9 @@ def _engine_unavailable() -> str | None:
 
 
 def _sampling_engine() -> dict[str, Any]:
-    """The sampler's engine as ``up`` set it for the services (``PRMLOOP_SAMPLE_*``)."""
+    """The sampler's engine as ``up`` set it for the services (``PRMLOOP_SAMPLE_*``), its API key included."""
     out: dict[str, Any] = {}
-    for key in ("backend", "model", "base_url"):
+    for key in ("backend", "model", "base_url", "api_key"):
         value = os.environ.get(f"PRMLOOP_SAMPLE_{key.upper()}")
         if value:
             out[key] = value

@@ -150,3 +150,16 @@ def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
     with pytest.raises(ConnectionError):
         loop._feed(*loop._retry_batch)
     assert loop._feed_backoff_s == 20.0 and calls[0] == calls[1]  # the same questions, backing off
+
+
+def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prmloop.flows.engine import service_environment
+    from prmloop.flows.feed import FeedSettings
+    from prmloop.flows.loop import _sampling_engine
+
+    for key, value in service_environment("http://127.0.0.1:1/v1", tmp_path).items():
+        monkeypatch.setenv(key, value)
+    settings = FeedSettings(**_sampling_engine())
+    assert (settings.backend, settings.base_url) == ("openai", "http://127.0.0.1:1/v1")
+    assert settings.api_key is not None and settings.api_key.get_secret_value()  # the engine refuses requests without
+    assert settings.backend_config().options["api_key"] == settings.api_key.get_secret_value()
