@@ -44,6 +44,21 @@ def _environment() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def share_credentials(source: Path, home: Path) -> None:
+    """Give ``home`` the credentials of ``source``: the arms' services, the shared engine and Prefect
+    server and this process must all know the same API key and auth string."""
+    import shutil
+
+    from prmloop.store.credentials import CREDENTIALS_FILE, load_credentials, secure_home
+
+    load_credentials(source)  # made on first use
+    secure_home(home)
+    target = home / CREDENTIALS_FILE
+    if not target.exists():
+        shutil.copyfile(source / CREDENTIALS_FILE, target)
+        target.chmod(0o600)
+
+
 def f1_at_tokens(curve: list[dict[str, Any]], tokens: int) -> float | None:
     """The held-out F1 of the newest retrain that started within ``tokens`` generated tokens."""
     within = [r for r in curve if r.get("f1") is not None and r.get("tokens", 0) <= tokens]
@@ -151,6 +166,8 @@ def bench_loop_real(
     started = time.monotonic()
     root = root or StateSettings().home / "bench" / "loop" / time.strftime("%Y%m%d-%H%M%S")
     shared = StateSettings(home=root)
+    for home in (root, root / "prefect", *(root / arm for arm in arms)):
+        share_credentials(StateSettings().home, home)
     out: dict[str, Any] = {"budget_s": budget_s, "quick": quick, "levels": levels}
     with _environment():
         os.environ["PRMLOOP_HOME"] = str(root)

@@ -96,3 +96,14 @@ def test_the_ratios_compare_per_minute_and_per_token() -> None:
 def test_real_mode_refuses_an_unknown_arm() -> None:
     out = CliRunner().invoke(app, ["bench", "loop", "--real", "--arms", "streaming,batch"])
     assert out.exit_code == 2 and "--arms must name some of streaming, rounds, random_order" in out.output
+
+
+def test_every_arm_knows_the_engines_key_and_prefects_auth_string(tmp_path: Any) -> None:
+    from prmloop.flows.bench.loop_real import share_credentials
+    from prmloop.store.credentials import load_credentials
+
+    source, arm = tmp_path / "home", tmp_path / "home" / "bench" / "loop" / "streaming"
+    share_credentials(source, arm)
+    theirs, ours = load_credentials(arm), load_credentials(source)
+    assert theirs.engine_api_key == ours.engine_api_key and theirs.prefect_auth_string == ours.prefect_auth_string
+    assert (arm / "credentials.json").stat().st_mode & 0o777 == 0o600
