@@ -99,15 +99,19 @@ def test_the_ui_of_the_running_loop_shows_its_retrains_deployments_and_learning_
         find_chromium()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    _, _, api = streamed
+    from prmloop.flows.ui_proxy import authenticating_proxy
+    from prmloop.store.credentials import load_credentials
+
+    home, _, api = streamed
     assert api, "the loop left no Prefect server running"
-    ui = api.removesuffix("/api")
-    runs = page_text(ui + "/runs")
-    assert "retrain" in runs and "feed" in runs, runs[:2000]
-    deployments = page_text(ui + "/deployments")
-    assert "prioritize-local" in deployments, deployments[:2000]
-    artifacts = page_text(ui + "/artifacts")
-    assert "loop-learning-curve" in artifacts, artifacts[:2000]
-    curve = latest_artifact_ids(api, ("loop-learning-curve",))
-    page = page_text(f"{ui}/artifacts/artifact/{curve['loop-learning-curve']}")
-    assert "held-out F1 per retrain" in page, page[:2000]
+    # The server asks for the credentials' auth string: the browser opens it through the login proxy.
+    with authenticating_proxy(api.removesuffix("/api"), load_credentials(home).prefect_auth_string) as ui:
+        runs = page_text(ui + "/runs")
+        assert "retrain" in runs and "feed" in runs, runs[:2000]
+        deployments = page_text(ui + "/deployments")
+        assert "prioritize-local" in deployments, deployments[:2000]
+        artifacts = page_text(ui + "/artifacts")
+        assert "loop-learning-curve" in artifacts, artifacts[:2000]
+        curve = latest_artifact_ids(ui + "/api", ("loop-learning-curve",))
+        page = page_text(f"{ui}/artifacts/artifact/{curve['loop-learning-curve']}")
+        assert "held-out F1 per retrain" in page, page[:2000]
