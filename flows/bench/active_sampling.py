@@ -306,7 +306,7 @@ def estimate_pool(
         )
         if missing and sampler is not None:
             rate, source = speed(root, f"{sampler.kind}.sample")
-            tokens = missing * tokens_per_solution(rows)
+            tokens = missing * tokens_per_solution(rows, tuple(arith_levels))
             out.update(sample_solutions=missing, sample_tokens=round(tokens))
             seconds += tokens / rate + sampler.start_seconds
             parts.append(f"sampling {missing:,} solutions (~{tokens:,.0f} tokens at {rate:.0f} tokens/s, {source})")
