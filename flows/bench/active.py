@@ -342,7 +342,7 @@ def run_active(
         result["arith"] = {
             "levels": list(settings.arith_levels),
             "questions_per_level": settings.arith_questions,
-            "solutions_per_level": {
+            "decided_solutions_per_level": {
                 level: sum(i.subset == level for i in items) for level in sorted({i.subset for i in items})
             },
         }

@@ -138,9 +138,11 @@ def arith_todo(rows: list[dict[str, Any]], levels: tuple[int, ...], questions: i
     return {level: done.get(level, 0) for level in levels if done.get(level, 0) < questions}
 
 
-def tokens_per_solution(rows: list[dict[str, Any]]) -> float:
+def tokens_per_solution(rows: list[dict[str, Any]], levels: tuple[int, ...] = ()) -> float:
+    """Mean completion tokens of the cached solutions of ``levels`` (else of all, else the prior)."""
     from prmloop.flows.bench.active_sampling import TOKENS_PER_SOLUTION
 
+    rows = [r for r in rows if r["level"] in levels] or rows
     return sum(r["tokens"] for r in rows) / len(rows) if rows else TOKENS_PER_SOLUTION
 
 
@@ -160,7 +162,7 @@ def _sample_arith(
         missing = sum(questions - first for first in todo.values()) * k
         sampler = work.sampler()
         rate, source = speed(root, f"{sampler.kind}.sample")
-        per = tokens_per_solution(rows)
+        per = tokens_per_solution(rows, tuple(todo))
         say(
             f"arith pool (seed {sampling['seed']}, levels {_span(levels)}): {missing:,} solutions to sample once "
             f"({len(todo)} level(s) x up to {questions} questions x {k}) on {sampler.note}: ~{missing * per:,.0f} "

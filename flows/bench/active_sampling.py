@@ -41,23 +41,25 @@ Say = Callable[[str], None]
 #: ``--engine`` choices: ``auto`` (vLLM where it can run, else transformers), or one of them.
 ENGINES = ("auto", "vllm", "transformers")
 
-#: Throughput on the team's 2-core machine (float32; tokens/s, features in solutions/s), used until this
-#: home has measured its own: vLLM sampling with 16 requests of 4 in flight and MC rollouts of 4
-#: solutions in flight, transformers 4 questions x 4 (the bench's own builds of the arith pools, the
-#: machine shared with other work), the backbone's features of arith solutions in chunks of 32.
+#: Throughput on the team's 2-core machine (float32; tokens/s, features in solutions/s; measured by the
+#: bench's own builds, the machine shared with other work), used until this home has measured its own:
+#: vLLM sampling 64 questions per call with 16 requests of k = 4 in flight (149-160 tokens/s), transformers
+#: 4 questions x 4 on 2 threads (44), the backbone's features of arith solutions in chunks of 32 (10.9/s).
+#: MC rollouts: vLLM with 4 solutions in flight, measured by ``--quick``; transformers from the 160
+#: labels (about 45,000 tokens) that took about an hour there.
 DEFAULT_SPEEDS: dict[str, float] = {
-    "vllm.sample": 90.0,
-    "vllm.mc": 200.0,
-    "transformers.sample": 40.0,
-    "transformers.mc": 25.0,
-    "features": 10.0,
+    "vllm.sample": 150.0,
+    "vllm.mc": 150.0,
+    "transformers.sample": 44.0,
+    "transformers.mc": 12.0,
+    "features": 10.9,
 }
 #: Mean completion tokens of one sampled curriculum solution (160 at most), until a cache has its own.
 TOKENS_PER_SOLUTION = 55.0
 #: Mean generated tokens of one solution's MC label (the arith-mc pool: 17,854 tokens over 64 solutions).
 MC_TOKENS_PER_SOLUTION = 280.0
-#: Seconds to start a vLLM engine of the bench's own (loading vLLM and the model on two busy cores).
-ENGINE_START_S = 45.0
+#: Seconds to start a vLLM engine of the bench's own (20-26 s here; more on two busy cores).
+ENGINE_START_S = 40.0
 #: Requests in flight against the vLLM engine while sampling (each samples k solutions of a question),
 #: and questions per call: the next request starts as one finishes, so the engine stays full.
 _CONCURRENCY, _VLLM_QUESTIONS_PER_CALL = 16, 64
@@ -181,7 +183,8 @@ class Sampler:
                     self.note = (
                         f"transformers in process: the vLLM engine did not start ({' '.join(str(exc).split())[:200]})"
                     )
-                    self.say(f"{self.note}; expect it to take about 6x longer")
+                    slower = DEFAULT_SPEEDS["vllm.sample"] / DEFAULT_SPEEDS["transformers.sample"]
+                    self.say(f"{self.note}; expect about {slower:.1f}x the time estimated above")
             if self.kind == "vllm":
                 from prmloop.flows.engine import SERVED_MODEL_NAME
 
@@ -306,7 +309,7 @@ def estimate_pool(
         )
         if missing and sampler is not None:
             rate, source = speed(root, f"{sampler.kind}.sample")
-            tokens = missing * tokens_per_solution(rows)
+            tokens = missing * tokens_per_solution(rows, tuple(arith_levels))
             out.update(sample_solutions=missing, sample_tokens=round(tokens))
             seconds += tokens / rate + sampler.start_seconds
             parts.append(f"sampling {missing:,} solutions (~{tokens:,.0f} tokens at {rate:.0f} tokens/s, {source})")
