@@ -19,7 +19,8 @@ serving the deployments) and then drives the loop from this process:
 - **watching** (:mod:`prmloop.flows.loop_watch`): this run's events as they arrive, the engine's own
   busy gauge, and the memory of every process; :mod:`prmloop.flows.loop_view` shows them live.
 
-It runs until stopped (Ctrl-C or SIGTERM) or for ``minutes``. Stopping is clean: no new work starts,
+It runs until stopped (Ctrl-C or SIGTERM), for ``minutes``, or until ``until_retrains`` retrains have
+scored on the held-out set (whichever first). Stopping is clean: no new work starts,
 the feed and retrain in flight finish, the model-using services stop with their offsets committed
 (their unfinished solutions are picked up by the next run), and the broker, the sink and the Prefect
 server keep running so that nothing published is lost and the UI stays up (``prmloop down`` stops them).
@@ -192,7 +193,8 @@ class Loop(LoopReport):
 
     # -- run -----------------------------------------------------------------------------------------
     def run(self, on_tick: Callable[[], None] | None = None, tick_s: float = 1.0) -> None:
-        """Drive the loop until :meth:`request_stop` or ``minutes``; ``on_tick`` refreshes a view."""
+        """Drive the loop until :meth:`request_stop`, ``minutes`` or ``until_retrains``; ``on_tick``
+        refreshes a view."""
         deadline = None if self.s.minutes is None else self.status.started + 60.0 * self.s.minutes
         next_rss = 0.0
         every = self.s.calibrate_minutes
@@ -200,6 +202,8 @@ class Loop(LoopReport):
         while not self._stop.is_set():
             now = time.monotonic()
             if deadline is not None and now >= deadline:
+                break
+            if self.s.until_retrains is not None and self.scored_retrains() >= self.s.until_retrains:
                 break
             self._maybe_feed()
             self._maybe_retrain(now)
@@ -212,6 +216,10 @@ class Loop(LoopReport):
             if on_tick is not None:
                 on_tick()
             self._stop.wait(tick_s)
+
+    def scored_retrains(self) -> int:
+        """Retrains of this run that trained and scored on the held-out set."""
+        return sum(1 for r in self.status.retrains if r.f1 is not None)
 
     def request_stop(self) -> None:
         self._stop.set()

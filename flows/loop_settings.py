@@ -29,6 +29,11 @@ class LoopSettings(BaseSettings):
     minutes: float | None = Field(
         default=None, gt=0, description="stop after this many minutes (default: run until stopped)"
     )
+    until_retrains: int | None = Field(
+        default=None,
+        ge=1,
+        description="stop once this many retrains have scored on the held-out set (with --minutes: whichever first)",
+    )
     engine: Literal["auto", "vllm", "transformers"] = Field(
         default="auto", description="auto: the machine's vLLM engine where `make vllm` made it ready, else transformers"
     )

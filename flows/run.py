@@ -108,7 +108,9 @@ def run_session(
                 f"streaming on {loop.status.engine}"
                 + (f" ({loop.status.engine_url})" if loop.status.engine_url else "")
                 + (f"; Prefect UI {loop.status.ui}" if loop.status.ui else "")
-                + (f"; for {settings.minutes:g} min" if settings.minutes else "; Ctrl-C stops"),
+                + (f"; for {settings.minutes:g} min" if settings.minutes else "")
+                + (f"; until {settings.until_retrains} retrains have scored" if settings.until_retrains else "")
+                + ("" if settings.minutes or settings.until_retrains else "; Ctrl-C stops"),
             )
             with term.quiet(), LoopView(loop, term.out) as view:
                 loop.run(on_tick=view.tick)

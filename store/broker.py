@@ -94,8 +94,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout):
+    """True if something listens at ``host:port``. A loopback connect to a free port in the ephemeral
+    range can pick that very port as its own and connect to itself (TCP simultaneous open): that is no
+    listener, and counts as closed."""
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout) as conn:
+        return bool(conn.getsockname() != conn.getpeername())
+    return False
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
+    except PermissionError:  # another user's process: alive
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     return False
 
 
@@ -326,6 +342,10 @@ class BrokerInfo:
 
     @property
     def reachable(self) -> bool:
+        """Its gate (or Tansu) still runs and its port answers: a file left by a killed broker is
+        stale even if another process has taken the port since."""
+        if self.broker_pid is not None and process_gone(self.broker_pid):
+            return False
         host, port = self.bootstrap_servers.rsplit(":", 1)
         return port_open(host, int(port))
 

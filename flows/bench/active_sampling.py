@@ -106,6 +106,13 @@ def describe_cost(seconds: float) -> str:
     return f"about {seconds / 3600:.1f} h"
 
 
+def _engine_key() -> str:
+    """The API key of this home's engine (its credentials, made on first use)."""
+    from prmloop.store.credentials import load_credentials
+
+    return load_credentials().engine_api_key
+
+
 def _running_engine() -> str | None:
     """The ``/v1`` URL of the vLLM engine ``prmloop up`` runs for this home, if it runs."""
     from prmloop.flows.stack import read_state
@@ -126,6 +133,8 @@ class Sampler:
     kind: str = ""
     note: str = ""
     url: str | None = None
+    #: The engine's API key (the credentials' for the running one and for one started here).
+    api_key: str | None = None
     _generator: Any = None
     _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -138,6 +147,7 @@ class Sampler:
         self.url = _running_engine()
         if self.url is not None:
             self.kind, self.note = "vllm", f"the running vLLM engine ({self.url})"
+            self.api_key = _engine_key()
             return
         from prmloop.flows.engine import engine_unavailable
 
@@ -160,7 +170,11 @@ class Sampler:
 
         python = vllm_python()
         model = converted_model(python)
-        env = {**os.environ, **engine_environment(self.threads)}
+        from prmloop.flows.engine import engine_key_environment
+
+        keyed = engine_key_environment()
+        env = {**os.environ, **engine_environment(self.threads), **keyed}
+        self.api_key = keyed["VLLM_API_KEY"]
         self.say("starting a vLLM engine for the bench (stopped when the pool is built)")
         url, start_s = self._stack.enter_context(engine_server(python, model, True, env, {}))
         self.url = url
@@ -188,7 +202,7 @@ class Sampler:
             if self.kind == "vllm":
                 from prmloop.flows.engine import SERVED_MODEL_NAME
 
-                options = {"base_url": self.url, "max_concurrency": _CONCURRENCY}
+                options = {"base_url": self.url, "max_concurrency": _CONCURRENCY, "api_key": self.api_key}
                 self._generator = build_backend(
                     BackendConfig(backend="openai", model=SERVED_MODEL_NAME, options=options)
                 )
@@ -209,7 +223,7 @@ class Sampler:
         if self.kind == "vllm":
             from prmloop.flows.engine import SERVED_MODEL_NAME
 
-            return {"backend": "openai", "base_url": self.url, "model": SERVED_MODEL_NAME}
+            return {"backend": "openai", "base_url": self.url, "model": SERVED_MODEL_NAME, "api_key": self.api_key}
         return {"backend": "transformers", "model": "smollm2", "threads": self.threads}
 
     def close(self) -> None:

@@ -163,3 +163,38 @@ def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypat
     assert (settings.backend, settings.base_url) == ("openai", "http://127.0.0.1:1/v1")
     assert settings.api_key is not None and settings.api_key.get_secret_value()  # the engine refuses requests without
     assert settings.backend_config().options["api_key"] == settings.api_key.get_secret_value()
+
+
+def test_until_retrains_stops_the_loop_once_that_many_retrains_have_scored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = Loop(LoopSettings(until_retrains=2, minutes=5), home=tmp_path)
+    for name in ("_maybe_feed", "_maybe_retrain", "_sample_rss"):
+        monkeypatch.setattr(loop, name, lambda *args: None)
+    landed = [
+        Retrain(10.0, 3, None, False, None, 1.0, "too few labels"),  # did not score: does not count
+        Retrain(20.0, 5, 0.41, True, "a", 1.0),
+        Retrain(30.0, 8, 0.52, True, "b", 1.0),
+        Retrain(40.0, 9, 0.55, True, "c", 1.0),
+    ]
+    ticks: list[int] = []
+
+    def tick() -> None:
+        ticks.append(len(loop.status.retrains))
+        if landed:
+            loop.status.retrains.append(landed.pop(0))
+
+    loop.run(on_tick=tick, tick_s=0.0)
+    assert loop.scored_retrains() == 2 and ticks == [0, 1, 2]  # the third scored retrain never came
+
+
+def test_the_pool_sampler_sends_the_running_engines_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prmloop.flows.bench import active_sampling
+    from prmloop.store.credentials import load_credentials
+
+    monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path))
+    monkeypatch.setattr(active_sampling, "_running_engine", lambda: "http://127.0.0.1:1/v1")
+    sampler = active_sampling.Sampler()
+    key = load_credentials(tmp_path).engine_api_key
+    assert sampler.kind == "vllm" and sampler.api_key == key  # the engine answers 401 without it
+    assert sampler.annotator_options()["api_key"] == key
