@@ -94,18 +94,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
-    """True if something listens at ``host:port``. A loopback connect to a free port in the ephemeral
-    range can pick that very port as its own and connect to itself (TCP simultaneous open): that is no
-    listener, and counts as closed."""
+    """Something listens at ``host:port`` (a loopback connect to itself, TCP's self-connect, does not count)."""
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout) as conn:
         return bool(conn.getsockname() != conn.getpeername())
     return False
 
 
 def process_gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # exited, or a zombie (below): gone
     except ProcessLookupError:
         return True
     except PermissionError:  # another user's process: alive
@@ -342,8 +339,7 @@ class BrokerInfo:
 
     @property
     def reachable(self) -> bool:
-        """Its gate (or Tansu) still runs and its port answers: a file left by a killed broker is
-        stale even if another process has taken the port since."""
+        """Its gate still runs and its port answers (a killed broker's port may have a new owner)."""
         if self.broker_pid is not None and process_gone(self.broker_pid):
             return False
         host, port = self.bootstrap_servers.rsplit(":", 1)
