@@ -43,6 +43,7 @@ from prmloop.flows.loop_watch import (
     EngineMeter,
     EventWatch,
 )
+from prmloop.flows.stack import SERVICES
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
 
@@ -51,17 +52,7 @@ __all__ = ["KEEP_RUNNING", "LOOP_SERVICES", "Loop", "LoopError", "LoopSettings",
 log = logging.getLogger(__name__)
 
 #: What the loop starts, in ``prmloop up``'s order (the engine when there is one).
-LOOP_SERVICES: tuple[str, ...] = (
-    "broker",
-    "sink",
-    "scorer",
-    "selector",
-    "annotator",
-    "judge",
-    "consensus",
-    "prefect",
-    "deployments",
-)
+LOOP_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s != "engine")
 #: Probed questions the driver keeps in its queue at most (the best by priority).
 MAX_QUEUE = 500
 #: What keeps running when the loop stops: nothing published is lost, the UI stays up.
