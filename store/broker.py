@@ -35,6 +35,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from prmloop.store.procs import pid_running
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 log = logging.getLogger(__name__)
@@ -97,18 +98,6 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     """Something listens at ``host:port`` (a loopback connect to itself, TCP's self-connect, does not count)."""
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout) as conn:
         return bool(conn.getsockname() != conn.getpeername())
-    return False
-
-
-def process_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # exited, or a zombie (below): gone
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's process: alive
-        return False
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     return False
 
 
@@ -340,7 +329,7 @@ class BrokerInfo:
     @property
     def reachable(self) -> bool:
         """Its gate still runs and its port answers (a killed broker's port may have a new owner)."""
-        if self.broker_pid is not None and process_gone(self.broker_pid):
+        if self.broker_pid is not None and not pid_running(self.broker_pid):
             return False
         host, port = self.bootstrap_servers.rsplit(":", 1)
         return port_open(host, int(port))

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prmloop.store.broker import BrokerInfo, found_in_broker_file, read_broker_file
+from prmloop.store.procs import pid_running
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 log = logging.getLogger(__name__)
@@ -200,7 +201,7 @@ def remove_links(state: StateSettings, *, pid: int | None = None) -> None:
     """Remove the link records of process ``pid``, or (``None``) of every process that is gone: a
     killed service cannot remove its own."""
     for path, record in _links(state):
-        if record["pid"] == pid or (pid is None and not _running(record["pid"])):
+        if record["pid"] == pid or (pid is None and not pid_running(record["pid"])):
             path.unlink(missing_ok=True)
 
 
@@ -216,12 +217,4 @@ def _links(state: StateSettings) -> list[tuple[Path, dict[str, Any]]]:
             links.append((path, record))
     return links
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

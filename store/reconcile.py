@@ -20,6 +20,7 @@ from prmloop.store.duck import StoreLocation, open_reader, store_exists
 from prmloop.store.events import Envelope
 from prmloop.store.kafka import EventProducer, ensure_topics
 from prmloop.store.outbox import scan_segment, segments
+from prmloop.store.procs import pid_running
 from prmloop.store.settings import KafkaSettings
 
 #: How many undeliverable entries the report names (all are counted).
@@ -50,13 +51,7 @@ def _still_written(segment: Path) -> bool:
         return False
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_running(pid)
 
 
 def reconcile(

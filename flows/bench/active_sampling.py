@@ -166,12 +166,10 @@ class Sampler:
 
     def _start_vllm(self) -> None:
         from prmloop.flows.bench.generate_engines import engine_server
-        from prmloop.flows.engine import converted_model, engine_environment, vllm_python
+        from prmloop.flows.engine import converted_model, engine_environment, engine_key_environment, vllm_python
 
         python = vllm_python()
         model = converted_model(python)
-        from prmloop.flows.engine import engine_key_environment
-
         keyed = engine_key_environment()
         env = {**os.environ, **engine_environment(self.threads), **keyed}
         self.api_key = keyed["VLLM_API_KEY"]
