@@ -28,7 +28,7 @@ from typing import Any
 
 from prmloop.store.settings import StateSettings
 
-__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens"]
+__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens", "warm_features"]
 
 ARMS = ("streaming", "rounds", "random_order")
 
@@ -63,6 +63,21 @@ def f1_at_tokens(curve: list[dict[str, Any]], tokens: int) -> float | None:
     """The held-out F1 of the newest retrain that started within ``tokens`` generated tokens."""
     within = [r for r in curve if r.get("f1") is not None and r.get("tokens", 0) <= tokens]
     return within[-1]["f1"] if within else None
+
+
+def warm_features(
+    items: list[Any], cache_dir: Path, threads: int | None = None, *, spec: Any = None, extractor: Any = None
+) -> int:
+    """Compute and cache the backbone features of held-out ``items`` under ``cache_dir`` with ``spec`` (the
+    retrain flow's default: what every ensemble PRM of the bench scores them with); ``extractor``: a
+    callable returning the backbone (default: loaded on first need). Returns how many items it covered."""
+    from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
+
+    spec = spec or FeatureSpec()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    backbone = extractor or (lambda: FeatureExtractor(spec, threads=threads))
+    problems, steps = [i.problem for i in items], [list(i.steps) for i in items]
+    return len(cached_features(problems, steps, cache=FeatureCache(cache_dir, spec), extractor=backbone))
 
 
 def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | None = None) -> dict[str, Any]:
@@ -124,9 +139,11 @@ def _streaming_arm(
         levels=levels,
         seed=seed,
         engine="vllm" if engine_url else "transformers",
-        retrain_every=3 if quick else 10,
+        retrain_every=2 if quick else 10,
         retrain_seconds=10.0 if quick else 60.0,
         min_labels=2 if quick else 6,
+        # --quick shows the curve's mechanism, not its height: an arm ends at its third scored retrain.
+        until_retrains=3 if quick else None,
         calibrate_minutes=None,
     )
     services = tuple(s for s in LOOP_SERVICES if s not in ("prefect", "deployments"))
@@ -146,13 +163,14 @@ def bench_loop_real(
     minutes: float = 5.0,
     quick: bool = False,
     arms: tuple[str, ...] = ARMS,
-    levels: str = "1,2",
+    levels: str | None = None,
     seed: int = 0,
     threads: int | None = None,
     root: Path | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
-    """Run the ``arms`` for ``minutes`` each (``quick``: 80 s each, retraining every 10 s)."""
+    """Run the ``arms`` for ``minutes`` each on the curriculum ``levels`` (default 1,2; ``quick``: level 1,
+    80 s per arm at most, retraining every 2 new labels, a streaming arm ending at its third retrain)."""
     from prmloop.flows.bench.rounds_arm import run_rounds_arm
     from prmloop.flows.engine import engine_unavailable
     from prmloop.flows.retrain_ensemble import eval_items
@@ -163,6 +181,7 @@ def bench_loop_real(
     if unknown:
         raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
     budget_s = 80.0 if quick else 60.0 * minutes
+    levels = levels or ("1" if quick else "1,2")
     started = time.monotonic()
     root = root or StateSettings().home / "bench" / "loop" / time.strftime("%Y%m%d-%H%M%S")
     shared = StateSettings(home=root)
@@ -189,13 +208,20 @@ def bench_loop_real(
         say("held-out set: building or reading the cache")
         heldout = eval_items("arith", limit=8, threads=threads)
         out["heldout_solutions"] = len(heldout)
+        # The held-out set's backbone features, computed once here: every arm's first retrain would
+        # otherwise pay for them (about 10 s on 2 cores), and the first arm alone if they were shared.
+        warm_features(heldout, root / "features", threads=threads)
         try:
             for arm in arms:
                 home = root / arm
                 (home / "bench").mkdir(parents=True, exist_ok=True)
-                link = home / "bench" / "active"  # the held-out set's cache, made once for every arm
-                if not link.exists():
-                    link.symlink_to(root / "bench" / "active", target_is_directory=True)
+                # The held-out set and its features, made once for every arm.
+                for link, target in (
+                    (home / "bench" / "active", root / "bench" / "active"),
+                    (home / "features", root / "features"),
+                ):
+                    if not link.exists():
+                        link.symlink_to(target, target_is_directory=True)
                 say(f"arm {arm}: {budget_s:.0f} s")
                 with _environment():
                     if arm == "rounds":
@@ -203,7 +229,7 @@ def bench_loop_real(
                             home=home,
                             budget_s=budget_s,
                             engine_url=engine_url,
-                            level=1,
+                            levels=tuple(int(v) for v in levels.split(",")),
                             rounds=3,
                             eval_set="arith",
                             seed=seed,

@@ -59,11 +59,17 @@ class DemoSettings:
     minutes: float = 15.0
     threads: int | None = None
     level: int = 1
+    #: Levels taken in turn, one per round (the bench's rounds arm samples the streaming arms' levels).
+    levels: tuple[int, ...] = ()
     seed: int = 0
     judge: Literal["exact", "critic", "stepwise"] = "exact"
     rounds: int = 3
     #: auto: the machine's vLLM engine where ``make vllm`` made it ready, else transformers in process.
     engine: Literal["auto", "transformers", "vllm"] = "auto"
+
+    def level_of(self, index: int) -> int:
+        """The curriculum level round ``index`` (from 0) samples."""
+        return self.levels[index % len(self.levels)] if self.levels else self.level
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,7 @@ class Stages:
         s = self.settings
         settings = PrioritizeSettings(
             dataset="arith",
-            level=s.level,
+            level=s.level_of(index),
             limit=questions,
             k=2,
             round=0,

@@ -53,7 +53,7 @@ def run_rounds_arm(
     home: Path,
     budget_s: float,
     engine_url: str | None,
-    level: int = 1,
+    levels: tuple[int, ...] = (1,),
     rounds: int = 3,
     eval_set: str = "arith",
     seed: int = 0,
@@ -61,8 +61,9 @@ def run_rounds_arm(
     idle_s: float = 3.0,
     say: Any = print,
 ) -> dict[str, Any]:
-    """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``. ``idle_s``:
-    how long each stage's service waits for more input before the round moves on."""
+    """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``. ``levels``:
+    curriculum levels taken in turn, one per round; ``idle_s``: how long each stage's service waits for
+    more input before the round moves on."""
     from prmloop.flows.engine import service_environment
     from prmloop.flows.stack import down, up
     from prmloop.store.broker import find_bootstrap_servers
@@ -91,7 +92,7 @@ def run_rounds_arm(
     def left() -> float:
         return started + budget_s - time.monotonic()
 
-    settings = DemoSettings(home=home, minutes=budget_s / 60, threads=threads, level=level, seed=seed, rounds=rounds)
+    settings = DemoSettings(home=home, minutes=budget_s / 60, threads=threads, levels=levels, seed=seed, rounds=rounds)
     stages = Stages(
         settings,
         servers,

@@ -135,9 +135,13 @@ def bench_loop_cmd(
         typer.Option(help="run the real loops instead: streaming, rounds and random order on the embedded model"),
     ] = False,
     minutes: Annotated[float, typer.Option(help="--real: wall-clock minutes per arm")] = 5.0,
-    quick: Annotated[bool, typer.Option(help="--real: 80 s per arm, a retrain every 10 s")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="--real: level 1, at most 80 s per arm, a streaming arm ending at its third retrain")
+    ] = False,
     arms: Annotated[str, typer.Option(help="--real: which arms, comma-separated")] = "streaming,rounds,random_order",
-    levels: Annotated[str, typer.Option(help="--real: arith curriculum levels, e.g. 1,2")] = "1,2",
+    levels: Annotated[
+        str | None, typer.Option(help="--real: arith curriculum levels, e.g. 1,2 (default 1,2; --quick: 1)")
+    ] = None,
     threads: Annotated[int | None, typer.Option(help="--real: torch CPU threads of in-process models")] = None,
     seed: int = 0,
 ) -> None:

@@ -107,3 +107,41 @@ def test_every_arm_knows_the_engines_key_and_prefects_auth_string(tmp_path: Any)
     theirs, ours = load_credentials(arm), load_credentials(source)
     assert theirs.engine_api_key == ours.engine_api_key and theirs.prefect_auth_string == ours.prefect_auth_string
     assert (arm / "credentials.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_rounds_arm_takes_the_streaming_arms_levels_in_turn() -> None:
+    """Seen: the rounds arm sampled level 1 only while the streaming arms sampled levels 1 and 2, so its
+    labels cost fewer tokens and the comparison favoured it."""
+    from prmloop.flows.bench.rounds import DemoSettings
+
+    assert [DemoSettings(levels=(1, 2)).level_of(i) for i in range(4)] == [1, 2, 1, 2]
+    assert [DemoSettings(level=3).level_of(i) for i in range(3)] == [3, 3, 3]
+
+
+def test_held_out_features_are_warmed_once_for_every_arm(
+    tmp_path: Any, tiny_backend: Any, smollm2_tokenizer: Any
+) -> None:
+    """The bench computes the held-out set's features before the first arm, so no arm's first retrain
+    pays for them; an arm's retrain then finds all of them in the cache."""
+    from types import SimpleNamespace
+
+    from prmloop.flows.bench.loop_real import warm_features
+    from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
+
+    spec = FeatureSpec(backbone="smollm2")
+    loads: list[int] = []
+
+    def backbone() -> FeatureExtractor:
+        loads.append(1)
+        return FeatureExtractor(FeatureSpec(backbone="tiny"), model=tiny_backend.model, tokenizer=smollm2_tokenizer)
+
+    items = [SimpleNamespace(problem=f"What is {a} + 1?", steps=(f"{a} + 1 = {a + 1}", "Done.")) for a in range(3)]
+    assert warm_features(items, tmp_path / "features", spec=spec, extractor=backbone) == 3
+    assert loads == [1]
+    again = cached_features(
+        [i.problem for i in items],
+        [list(i.steps) for i in items],
+        cache=FeatureCache(tmp_path / "features", spec),
+        extractor=backbone,
+    )
+    assert loads == [1] and [a.shape[0] for a in again] == [2, 2, 2]
