@@ -32,6 +32,7 @@ import secrets
 import stat
 import struct
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,6 +102,31 @@ def initdb_arguments(password_file: Path) -> list[str]:
         f"--pwfile={password_file}",
         "--encoding=utf8",
     ]
+
+
+def init_cluster(
+    initdb: Path, data_dir: Path, password: str, ids: tuple[int, int] | None, preexec: Callable[[], None] | None
+) -> str | None:
+    """A new cluster in the empty ``data_dir`` (made by the caller, owned by ``ids``) that asks every role
+    for its password from the start (:func:`initdb_arguments`, then :data:`HBA`); ``initdb`` runs as
+    ``preexec`` makes it. Returns None, or initdb's complaint on one line."""
+    with tempfile.TemporaryDirectory(prefix="prmloop-initdb-") as tmp:
+        password_file = Path(tmp) / "password"
+        password_file.write_text(password + "\n")
+        if ids is not None:
+            os.chown(tmp, *ids)
+            os.chown(password_file, *ids)
+        done = subprocess.run(
+            [str(initdb), "-D", str(data_dir), *initdb_arguments(password_file)],
+            capture_output=True,
+            text=True,
+            preexec_fn=preexec,
+            check=False,
+        )
+    if done.returncode != 0:
+        return " ".join((done.stderr or done.stdout).split())[:300]
+    write_hba(data_dir, ids)
+    return None
 
 
 def hba_is_prmloops(data_dir: Path) -> bool:

@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Mapping
@@ -31,7 +30,7 @@ from prmloop.store.pg_auth import (
     database_owner_sql,
     grant_traversal,
     hba_is_prmloops,
-    initdb_arguments,
+    init_cluster,
     reader_grants_sql,
     roles_sql,
     set_admin_password_offline,
@@ -91,22 +90,9 @@ def _initdb(folder: Path, ids: tuple[int, int] | None, credentials: Credentials)
     if ids is not None:
         os.chown(folder, *ids)
     folder.chmod(0o700)
-    with tempfile.TemporaryDirectory(prefix="prmloop-initdb-") as tmp:
-        password_file = Path(tmp) / "password"
-        password_file.write_text(credentials.postgres_password(ADMIN_ROLE) + "\n")
-        if ids is not None:
-            os.chown(tmp, *ids)
-            os.chown(password_file, *ids)
-        done = subprocess.run(
-            [str(_bin("initdb")), "-D", str(folder), *initdb_arguments(password_file)],
-            capture_output=True,
-            text=True,
-            preexec_fn=_as(ids),
-            check=False,
-        )
-    if done.returncode != 0:
-        raise LocalPostgresError(f"initdb in {folder} failed: {_one_line(done.stderr or done.stdout)}")
-    write_hba(folder, ids)
+    error = init_cluster(_bin("initdb"), folder, credentials.postgres_password(ADMIN_ROLE), ids, _as(ids))
+    if error is not None:
+        raise LocalPostgresError(f"initdb in {folder} failed: {error}")
 
 
 def _running(folder: Path) -> bool:

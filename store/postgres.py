@@ -27,7 +27,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -47,7 +46,7 @@ from prmloop.store.pg_auth import (
     database_owner_sql,
     grant_traversal,
     hba_is_prmloops,
-    initdb_arguments,
+    init_cluster,
     reader_grants_sql,
     roles_sql,
     set_admin_password_offline,
@@ -155,22 +154,9 @@ def _init(data_dir: Path, bin_dir: Path, ids: tuple[int, int] | None, credential
         os.chown(data_dir, *ids)
         grant_traversal(data_dir, ids)  # the postgres user must reach its folder
     data_dir.chmod(0o700)
-    with tempfile.TemporaryDirectory(prefix="prmloop-initdb-") as tmp:
-        password_file = Path(tmp) / "password"
-        password_file.write_text(credentials.postgres_password(ADMIN_ROLE) + "\n")
-        if ids is not None:
-            os.chown(tmp, *ids)
-            os.chown(password_file, *ids)
-        done = subprocess.run(
-            [str(bin_dir / "initdb"), "-D", str(data_dir), *initdb_arguments(password_file)],
-            capture_output=True,
-            text=True,
-            preexec_fn=_demote(ids),
-            check=False,
-        )
-    if done.returncode != 0:
-        raise PostgresError(f"initdb in {data_dir} failed: {' '.join(done.stderr.split())[:300]}")
-    write_hba(data_dir, ids)
+    error = init_cluster(bin_dir / "initdb", data_dir, credentials.postgres_password(ADMIN_ROLE), ids, _demote(ids))
+    if error is not None:
+        raise PostgresError(f"initdb in {data_dir} failed: {error}")
 
 
 def wait_ready(

@@ -8,13 +8,13 @@ The 60-minute soak is `prmloop run --minutes 60` (README: figures); this is its 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
+from cli_process import prmloop_cli
 
 from prmloop.flows.stack import prefect_api_url
 from prmloop.store.settings import StateSettings
@@ -22,18 +22,7 @@ from prmloop.store.settings import StateSettings
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def _prmloop(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PRMLOOP_HOME": str(home)}
-    for key in [k for k in env if k.startswith(("PRMLOOP_SAMPLE_", "PRMLOOP_ANNOTATOR_", "PREFECT_API_URL"))]:
-        del env[key]
-    return subprocess.run(
-        [sys.executable, "-m", "prmloop.flows.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+_prmloop = partial(prmloop_cli, timeout=120, drop=("PRMLOOP_SAMPLE_", "PRMLOOP_ANNOTATOR_", "PREFECT_API_URL"))
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import base64
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from cli_process import prmloop_cli
 
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.bench.synthetic import synthetic_events
@@ -25,18 +25,7 @@ from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.credentials import load_credentials
 from prmloop.store.duck import EventStore
 
-
-def _prmloop(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "KAFKA_"))}
-    env["PRMLOOP_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "prmloop.flows.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+_prmloop = prmloop_cli
 
 
 _STRANGER = """

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_process import prmloop_cli
 
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.stack import read_state, running_services
@@ -23,18 +24,7 @@ from prmloop.store.follow import read_links
 from prmloop.store.kafka import EventProducer
 from prmloop.store.settings import StateSettings
 
-
-def _prmloop(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "KAFKA_"))}
-    env["PRMLOOP_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "prmloop.flows.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+_prmloop = prmloop_cli
 
 
 def _gone(pid: int) -> bool:
