@@ -10,7 +10,7 @@ so one engine batches the sampler's, scorer's, annotator's, judge's and prioriti
 Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTURE.md's traps):
 
 - ``--dtype``: bfloat16 where the CPU has native bfloat16 instructions (AVX512_BF16 or AMX: 1.4x the
-  tokens/s of float32 there, README's figures), else float32 (bfloat16 falls back to slow kernels on an
+  tokens/s of float32 there, docs/vllm.md), else float32 (bfloat16 falls back to slow kernels on an
   AVX2 CPU, about 5x slower); :func:`cpu_dtype`. ``PRMLOOP_VLLM_OPTIONS='{"dtype": ...}'`` chooses.
 - ``--distributed-executor-backend uni`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the model runs in the
   engine's process, not in a worker of its own that the engine process waits on spinning; that spinning

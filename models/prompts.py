@@ -7,9 +7,9 @@
   with the Qwen2.5-Math chain-of-thought system prompt and a ``\\boxed{}`` final answer.
 - ``step_k_arith``: ``Step k:`` lines after four worked arithmetic examples, as plain text
   (``Question: ...`` blocks, no chat template even for a chat model), for the arithmetic curriculum.
-  Measured with SmolLM2-135M-Instruct (48 samples per cell; the README names the command):
+  Measured with SmolLM2-135M-Instruct (48 samples per cell; docs/sampling.md names the command):
   it solves far more one-step sums this way than with EpicPRM's chat prompt and MATH examples, whose
-  LaTeX a 135M model imitates instead of adding (see the README's table).
+  LaTeX a 135M model imitates instead of adding (see docs/sampling.md's table).
 
 A *prompt format* (what the model reads) determines a *step format* (how its steps are written and
 split: :func:`step_format`); ``step_k_arith`` solutions are ``step_k`` solutions.

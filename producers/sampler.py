@@ -76,7 +76,7 @@ class SampleSettings(EngineSettings):
     )
     limit: int | None = Field(default=None, ge=1, description="only the first N questions")
     split: str | None = Field(default=None, description="data-set split, e.g. test or train")
-    level: int = Field(default=1, ge=1, le=5, description="arith: difficulty level 1-5 (see the README's table)")
+    level: int = Field(default=1, ge=1, le=5, description="arith: difficulty level 1-5 (see docs/sampling.md's table)")
     k: int = Field(default=8, ge=1, description="solutions sampled per question", json_schema_extra={"flag": "-k"})
     m: int = Field(default=2, ge=0, description="correct solutions kept per question", json_schema_extra={"flag": "-m"})
     n: int = Field(

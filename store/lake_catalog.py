@@ -11,7 +11,7 @@ catalog got its own folder) stays one, with its data where it was (``$PRMLOOP_HO
 Writers (sinks, compaction) connect as the catalog's owner. Readers connect as a role that may only
 SELECT the catalog tables: on a pgserver catalog and on the cluster's PostgreSQL prmloop creates both
 (``prmloop_sink`` and :data:`READER_ROLE`, each with its password from the credentials file:
-:mod:`prmloop.store.pg_auth`); on another PostgreSQL server the administrator does (README,
+:mod:`prmloop.store.pg_auth`); on another PostgreSQL server the administrator does (docs/events-and-sql.md,
 "DuckLake"), and ``prmloop sql`` refuses to run user SQL as any role that could do more
 (:func:`reader_role_problems`).
 """
@@ -254,7 +254,7 @@ def check_reader_role(con: duckdb.DuckDBPyConnection, metadata_catalog: str, sto
         raise ReaderRoleError(
             f"`prmloop sql` reads the DuckLake catalog of {store} as PostgreSQL role {role!r}, which "
             f"{'; '.join(problems)}: give readers a role that may only SELECT the catalog tables and add "
-            "#reader=user=<that role> password=... to PRMLOOP_STORE (see README, DuckLake)"
+            "#reader=user=<that role> password=... to PRMLOOP_STORE (see docs/events-and-sql.md, DuckLake)"
         )
 
 

@@ -92,7 +92,7 @@ def postgres_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.cleanup()
 
 
-#: The role readers of :func:`lake_store` connect as: set up as README tells an administrator to.
+#: The role readers of :func:`lake_store` connect as: set up as docs/events-and-sql.md tells an administrator to.
 LAKE_READER = "prmloop_test_reader"
 
 

@@ -202,7 +202,7 @@ def check_steps(
     located errors checked by hand, see ``flows/evals/arith.py``), before the operation and role
     rules: ``"equations"`` located 22, of which 21 were the true first error; ``"numbers"`` 46, about
     two in three right (the misses: an earlier sentence that misuses question numbers); ``"lenient"``
-    91, fewer of them right. The README's exact-judge section has the figures with the rules.
+    91, fewer of them right. docs/judge-and-consensus.md's exact-judge section has the figures.
 
     Numbers are read with ``1,000`` -> 1000, ``$5`` -> 5, ``5.0`` -> 5; ``x``, ``×``, ``*``,
     ``\\times``, ``\\cdot`` multiply; ``÷``, ``/`` and ``\\div`` divide; ``Step 3:`` labels and

@@ -85,7 +85,7 @@ LEVELS: dict[int, LevelSpec] = {
 samples per level, temperature 0.7, 160 new tokens), accuracy falls from 10 % (level 1; 5 of 12
 questions solved at least once) to 4 %, 2 %, 2 % and 0 %. With the curriculum's own worked examples as
 plain text (the ``step_k_arith`` prompt, :func:`prmloop.models.prompts.arith_prompt`) the same model
-solves far more (the README's table has the figures)."""
+solves far more (docs/sampling.md's table has the figures)."""
 
 
 def level_spec(level: int | str | LevelSpec) -> LevelSpec:

@@ -250,7 +250,7 @@ def test_a_promotion_anyone_on_the_broker_publishes_is_stored_but_never_in_force
 
 def test_sql_help_names_every_statement_the_readme_lists() -> None:
     """Seen: the README listed EXPLAIN among the statements `prmloop sql` runs; `sql --help` left it out."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "events-and-sql.md").read_text()
     found = re.search(r"refuses anything but (.+?) \(EXPLAIN only", readme, re.DOTALL)
     assert found is not None
     listed = re.findall(r"`([A-Z]+)`", found.group(1))

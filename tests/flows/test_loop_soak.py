@@ -2,7 +2,7 @@
 service at once, the PRM retrained as labels arrive, and the Prefect UI of the running loop read in a
 real browser (Debian's chromium).
 
-The 60-minute soak is `prmloop run --minutes 60` (README: figures); this is its short version for the suite.
+The 60-minute soak is `prmloop run --minutes 60` (docs/loop.md: figures); this is its short version for the suite.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def test_escape_control_leaves_ordinary_text_alone() -> None:
     assert escape_control("a\nb\tc\r", keep_layout=False) == "a\\nb\\tc\\r"
 
 
-# The columns of current_labels, and a row as the README's `prmloop sql` shows it.
+# The columns of current_labels, and a row as docs/events-and-sql.md's `prmloop sql` shows it.
 LABEL_COLUMNS = [
     "solution_id",
     "question_id",
