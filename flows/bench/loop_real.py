@@ -28,7 +28,7 @@ from typing import Any
 
 from prmloop.store.settings import StateSettings
 
-__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens", "warm_features"]
+__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens", "in_process_device", "warm_features"]
 
 ARMS = ("streaming", "rounds", "random_order")
 
@@ -57,6 +57,16 @@ def share_credentials(source: Path, home: Path) -> None:
     if not target.exists():
         shutil.copyfile(source / CREDENTIALS_FILE, target)
         target.chmod(0o600)
+
+
+def in_process_device() -> str:
+    """Where this machine's in-process models run: the PRM backbone always, every service's model when no
+    engine is ready (transformers' default device: a GPU where torch sees one)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda ({torch.cuda.get_device_name(0)})"
+    return f"cpu ({os.cpu_count()} cores)"
 
 
 def f1_at_tokens(curve: list[dict[str, Any]], tokens: int) -> float | None:
@@ -202,6 +212,7 @@ def bench_loop_real(
         record = read_state(shared, "engine")
         engine_url = record.url if record is not None and record.alive else None
         out["engine"] = "vllm" if engine_url else f"transformers ({reason})"
+        out["device"] = in_process_device()
         url = prefect_api_url(ui)
         if url:
             os.environ["PREFECT_API_URL"] = url

@@ -25,13 +25,20 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["TransformersBackend"]
+__all__ = ["TransformersBackend", "default_device"]
 
 
 def _torch() -> Any:
     import torch
 
     return torch
+
+
+def default_device() -> str:
+    """Where a model runs when its caller names no device: the first GPU where torch sees one (``cuda``),
+    else the CPU. The loop's services build their backends without naming one, so on a GPU machine every
+    stage samples, scores and rolls out there."""
+    return "cuda" if _torch().cuda.is_available() else "cpu"
 
 
 class _SampledTokenLogprobs:
@@ -137,7 +144,7 @@ class TransformersBackend:
         cls,
         model: str,
         *,
-        device: str = "cpu",
+        device: str | None = None,
         dtype: str = "float32",
         gguf_file: str | None = None,
         default_params: SamplingParams | None = None,
@@ -146,7 +153,8 @@ class TransformersBackend:
         num_threads: int | None = None,
         share_prefix: bool = True,
     ) -> TransformersBackend:
-        """Load ``model`` (a local folder or hub id, or ``"smollm2"`` for the embedded GGUF).
+        """Load ``model`` (a local folder or hub id, or ``"smollm2"`` for the embedded GGUF) onto ``device``
+        (default: :func:`default_device`, a GPU where there is one), in ``dtype`` (float32 unless told).
 
         GGUF weights are de-quantised to ``dtype`` by transformers (SmolLM2 Q4_1: about 21 s on two
         CPU cores); the embedded model is read from its converted folder instead (0.5 s; see
@@ -179,7 +187,7 @@ class TransformersBackend:
         # Left padding: a batch of prompts ends at the same column, where generation starts.
         tokenizer.padding_side = "left"
         lm = AutoModelForCausalLM.from_pretrained(model, gguf_file=gguf_file, dtype=torch_dtype)
-        cast(Any, lm).to(device)  # nn.Module.to moves in place; transformers' stub mistypes it
+        cast(Any, lm).to(device or default_device())  # nn.Module.to moves in place; transformers' stub mistypes it
         return cls(
             lm,
             tokenizer,

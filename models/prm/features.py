@@ -169,11 +169,12 @@ class FeatureExtractor:
             tokens = encoded[i].input_ids
             ids[row, : len(tokens)] = torch.tensor(tokens)
             mask[row, : len(tokens)] = 1
-        hidden = self._hidden_states(ids, mask)
+        device = getattr(self.model, "device", ids.device)  # the backbone may sit on a GPU (default_device)
+        hidden = self._hidden_states(ids.to(device), mask.to(device))
         for row, i in enumerate(batch):
-            positions = torch.tensor(encoded[i].tag_positions, dtype=torch.long)
+            positions = torch.tensor(encoded[i].tag_positions, dtype=torch.long, device=device)
             parts = [hidden[layer][row, positions] for layer in self.layer_indices]
-            out[i] = torch.cat(parts, dim=-1).float().numpy()
+            out[i] = torch.cat(parts, dim=-1).float().cpu().numpy()
 
     def _hidden_states(self, ids: Any, mask: Any) -> dict[int, Any]:
         """The outputs of the layers in :attr:`layer_indices` (1-based), stopping after the deepest."""

@@ -199,6 +199,7 @@ class PRM:
 def _load_base(config: PRMConfig) -> tuple[Any, Any]:
     from prmloop.models.backends.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend.from_pretrained(config.base_model, num_threads=config.threads)
+    # The LoRA PRM builds its batches on the CPU: its base stays there, also where a GPU is present.
+    backend = TransformersBackend.from_pretrained(config.base_model, device="cpu", num_threads=config.threads)
     tokenizer = backend.tokenizer
     return backend.model, tokenizer

@@ -245,3 +245,31 @@ def test_concurrent_rollouts_are_coalesced_into_one_engine_call(tiny_backend: Tr
         assert engine.model_name == tiny_backend.model_name and engine.tokenizer is tiny_backend.tokenizer
     finally:
         del tiny_backend.generate
+
+
+def test_the_default_device_is_a_gpu_where_torch_sees_one_else_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from prmloop.models.backends.transformers_backend import default_device
+
+    assert default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+    # No GPU exists in CI: torch's answer is the one thing faked here, to check both branches.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device() == "cpu"
+
+
+def test_from_pretrained_without_a_device_loads_onto_the_default_device(
+    tiny_backend: TransformersBackend, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prmloop.models.backends.transformers_backend as module
+
+    tiny_backend.model.save_pretrained(str(tmp_path))
+    tiny_backend.tokenizer.save_pretrained(str(tmp_path))
+    here = TransformersBackend.from_pretrained(str(tmp_path))
+    assert here.device.type == module.default_device()
+    # Whatever the default names is where the weights go ("meta": a device with no storage, present everywhere).
+    monkeypatch.setattr(module, "default_device", lambda: "meta")
+    assert TransformersBackend.from_pretrained(str(tmp_path)).device.type == "meta"
+    assert TransformersBackend.from_pretrained(str(tmp_path), device="cpu").device.type == "cpu"

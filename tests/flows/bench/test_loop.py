@@ -145,3 +145,18 @@ def test_held_out_features_are_warmed_once_for_every_arm(
         extractor=backbone,
     )
     assert loads == [1] and [a.shape[0] for a in again] == [2, 2, 2]
+
+
+def test_the_json_names_where_in_process_models_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import torch
+
+    from prmloop.flows.bench.loop_real import in_process_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert in_process_device() == f"cpu ({os.cpu_count()} cores)"
+    # No GPU exists in CI: torch's answers are what is faked, to check the other branch.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    assert in_process_device() == "cuda (NVIDIA H200)"
