@@ -96,16 +96,17 @@ def plan_round(
 ) -> RoundPlan | None:
     """The next round's sizes: this round's share of the time left (less the final reserve and the
     rounds' fixed ``overhead_s``) as tokens at the speed measured so far, 40 % prioritizing and sampling
-    (two probes and four samples a question) and 60 % MC labels.
-    ``None``: not even one question fits (the round is cut)."""
-    rounds_left = max(1, rounds_left)
-    spare = seconds_left - reserve_s - rounds_left * overhead_s
-    tokens = max(0.0, tokens_per_s) * max(0.0, spare) / rounds_left
-    k = 4
-    questions = min(6, int(0.4 * tokens / (SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION)))
-    if questions < 1:
-        return None
-    return RoundPlan(questions=questions, k=k, annotate=max(1, min(6, int(0.6 * tokens / TOKENS_PER_LABEL))))
+    (two probes and four samples a question) and 60 % MC labels. Where the ``rounds_left`` rounds leave
+    no round a question, fewer and larger ones are planned (the later ones are cut).
+    ``None``: not even one question fits in one round (the round is cut)."""
+    for rounds in range(max(1, rounds_left), 0, -1):
+        spare = seconds_left - reserve_s - rounds * overhead_s
+        tokens = max(0.0, tokens_per_s) * max(0.0, spare) / rounds
+        questions = min(6, int(0.4 * tokens / (SOLUTIONS_PER_QUESTION * TOKENS_PER_SOLUTION)))
+        if questions >= 1:
+            annotate = max(1, min(6, int(0.6 * tokens / TOKENS_PER_LABEL)))
+            return RoundPlan(questions=questions, k=4, annotate=annotate)
+    return None
 
 
 def count(db: Path, sql: str) -> int:

@@ -31,8 +31,16 @@ def test_a_round_gets_its_share_of_the_time_left_as_tokens() -> None:
     # the last round gets all that is left: (400 - 60 - 75) x 20 = 5300 -> 5.05 -> 5; 6.36 -> capped at 6
     last = plan_round(20.0, 400.0, 1)
     assert last is not None and (last.questions, last.annotate) == (5, 6)
-    # too slow or too late for one question: the round is cut
-    assert plan_round(2.0, 900.0, 3) is None
+    # three rounds leave none a question: fewer, larger rounds. 2 tokens/s: one round of
+    # (900 - 60 - 75) x 2 = 1530 tokens -> 1.46 -> 1 question, 1.8 -> 1 label. Seen on a GPU's --quick
+    # (181 tokens/s, 74 s left, 20 s a round, no reserve): three rounds 14 s -> 845 tokens each -> 0;
+    # two rounds (74 - 40) x 181 / 2 = 3077 tokens -> 2.93 -> 2 questions, 3.69 -> 3 labels
+    slow = plan_round(2.0, 900.0, 3)
+    assert slow is not None and (slow.questions, slow.annotate) == (1, 1)
+    short = plan_round(181.0, 74.0, 3, overhead_s=20.0, reserve_s=0.0)
+    assert short is not None and (short.questions, short.annotate) == (2, 3)
+    # too slow or too late for one question even in one round: the round is cut
+    assert plan_round(1.0, 900.0, 3) is None
     assert plan_round(50.0, 100.0, 1) is None
 
 
