@@ -30,9 +30,9 @@ from typing import Any
 from prmloop.flows.prefect_home import prefect_auth_environment
 from prmloop.flows.stack import ServiceState, last_log_line
 from prmloop.flows.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
-from prmloop.store.broker import free_port, port_open
 from prmloop.store.credentials import BROKER_ROLE, PREFECT_ROLE, READER_ROLE, SINK_ROLE, load_credentials
 from prmloop.store.follow import read_links
+from prmloop.store.ports import free_port, port_open
 from prmloop.store.settings import StateSettings
 
 __all__ = ["ROOT", "cluster_connection", "cluster_down", "cluster_report", "cluster_up", "process_names"]

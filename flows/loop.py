@@ -135,7 +135,7 @@ class Loop(LoopReport):
         if url and self.use_prefect:
             os.environ["PREFECT_API_URL"] = url
             self.status.ui = url.removesuffix("/api")
-        from prmloop.store.broker import find_bootstrap_servers
+        from prmloop.store.broker_file import find_bootstrap_servers
 
         servers = find_bootstrap_servers(KafkaSettings(), self.state)
         if not servers:

@@ -91,7 +91,7 @@ def _pipeline(
     logger = get_run_logger() if use_prefect else log
     started = time.perf_counter()
     if bootstrap_servers is None:
-        from prmloop.store.broker import require_bootstrap_servers
+        from prmloop.store.broker_file import require_bootstrap_servers
 
         bootstrap_servers = require_bootstrap_servers()
     questions, errors = load_source(

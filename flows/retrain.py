@@ -172,7 +172,7 @@ def _pipeline(
 def _publish(event: Envelope, publish: bool, bootstrap_servers: str | None) -> None:
     if not publish:
         return
-    from prmloop.store.broker import require_bootstrap_servers
+    from prmloop.store.broker_file import require_bootstrap_servers
     from prmloop.store.kafka import EventProducer
 
     with EventProducer(bootstrap_servers or require_bootstrap_servers()) as producer:

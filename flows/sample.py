@@ -124,7 +124,7 @@ def _pipeline(
     for error in errors:
         logger.warning("%s", error)
     if bootstrap_servers is None:
-        from prmloop.store.broker import require_bootstrap_servers
+        from prmloop.store.broker_file import require_bootstrap_servers
 
         bootstrap_servers = require_bootstrap_servers()
     backend_config = settings.backend_config()

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.prefect_home import prefect_auth_environment, prefect_home
-from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, free_port, read_broker_file
+from prmloop.store.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
 from prmloop.store.follow import read_links, remove_links
+from prmloop.store.ports import free_port
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = [

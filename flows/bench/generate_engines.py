@@ -40,7 +40,8 @@ from prmloop.flows.engine import (
     wait_ready,
 )
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
-from prmloop.store.broker import free_port, parent_death_signal
+from prmloop.store.broker import parent_death_signal
+from prmloop.store.ports import free_port
 
 __all__ = ["bench_engines"]
 

@@ -66,7 +66,7 @@ def run_rounds_arm(
     more input before the round moves on."""
     from prmloop.flows.engine import service_environment
     from prmloop.flows.stack import down, up
-    from prmloop.store.broker import find_bootstrap_servers
+    from prmloop.store.broker_file import find_bootstrap_servers
     from prmloop.store.duck import StoreLocked, query
 
     started = time.monotonic()

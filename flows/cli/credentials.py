@@ -28,7 +28,7 @@ def kafka(
     """One JSON object of kafka-python keyword arguments: KafkaProducer(**that) and KafkaConsumer(**that)
     connect to the broker prmloop's commands use (the embedded broker admits this user's clients only)."""
     from prmloop.flows.cluster import cluster_connection
-    from prmloop.store.broker import find_bootstrap_servers
+    from prmloop.store.broker_file import find_bootstrap_servers
 
     settings = KafkaSettings()
     servers = settings.bootstrap_servers

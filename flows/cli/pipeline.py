@@ -20,7 +20,7 @@ from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
 from prmloop.producers.sources import QuestionFileError, check_source, default_dataset
-from prmloop.store.broker import require_bootstrap_servers
+from prmloop.store.broker_file import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
 

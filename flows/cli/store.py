@@ -11,7 +11,8 @@ import typer
 
 from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals, store_label
 from prmloop.flows.output import OutputFormat, print_rows, print_status
-from prmloop.store.broker import EmbeddedBroker, require_bootstrap_servers
+from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.broker_file import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
 
@@ -38,7 +39,8 @@ def broker(
     PostgreSQL: a restarted (or SIGKILLed) broker loses nothing, and brokers on one database are one
     cluster. Other commands find it through $PRMLOOP_HOME/broker.json, unless KAFKA_BOOTSTRAP_SERVERS is set.
     """
-    from prmloop.store.broker import BrokerError, serve_embedded_broker
+    from prmloop.store.broker import serve_embedded_broker
+    from prmloop.store.broker_file import BrokerError
     from prmloop.store.postgres import resolve_storage
 
     state = StateSettings()
@@ -194,7 +196,7 @@ def status(
     a terminal; one JSON object with --json or when piped."""
     from prmloop.flows.cluster import cluster_connection, cluster_report
     from prmloop.flows.stack import service_report
-    from prmloop.store.broker import BrokerInfo, find_bootstrap_servers, read_broker_file
+    from prmloop.store.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
     from prmloop.store.settings import KafkaSettings
 
     cluster = cluster_connection()

@@ -20,13 +20,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.broker import (
-    BrokerInfo,
-    EmbeddedBroker,
-    read_broker_file,
-    require_bootstrap_servers,
-    write_broker_file,
-)
+from prmloop.store.broker import EmbeddedBroker
+from prmloop.store.broker_file import BrokerInfo, read_broker_file, require_bootstrap_servers, write_broker_file
 from prmloop.store.codec import encode_event
 from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.duck import StoreLocked, query

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from prmloop.flows.cli import app
 from prmloop.flows.cluster import BROKERS, cluster_connection, process_names
-from prmloop.store.broker import free_port
+from prmloop.store.ports import free_port
 from prmloop.store.settings import StateSettings
 
 

@@ -18,7 +18,7 @@ from cli_process import prmloop_cli
 
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.stack import read_state, running_services
-from prmloop.store.broker import read_broker_file
+from prmloop.store.broker_file import read_broker_file
 from prmloop.store.duck import StoreLocked, query
 from prmloop.store.follow import read_links
 from prmloop.store.kafka import EventProducer

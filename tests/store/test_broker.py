@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.broker import find_bootstrap_servers, port_open
+from prmloop.store.broker_file import find_bootstrap_servers
+from prmloop.store.ports import port_open
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 SERVE = textwrap.dedent(

@@ -16,10 +16,11 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.broker import EmbeddedBroker, free_port, port_open
+from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.consumer import ConsumerRuntime
 from prmloop.store.follow import BrokerWatch
 from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.ports import free_port, port_open
 from prmloop.store.records import ConsumedEvent
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.topics import EVENT_TOPICS, all_topic_specs

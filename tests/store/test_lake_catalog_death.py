@@ -28,12 +28,12 @@ import pytest
 from prmloop.consumers.sink import Sink
 from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.store import duck
-from prmloop.store.broker import free_port
 from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.credentials import SINK_ROLE, load_credentials
 from prmloop.store.duck import open_writer, query
 from prmloop.store.lake import LakeEventStore, LakeStore
 from prmloop.store.poison import is_transient
+from prmloop.store.ports import free_port
 from prmloop.store.postgres import postgres_bin_dir, wait_ready
 
 

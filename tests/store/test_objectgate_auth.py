@@ -21,9 +21,10 @@ import httpx
 import pytest
 
 from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.broker import BUCKET, EmbeddedBroker, free_port, port_open
+from prmloop.store.broker import BUCKET, EmbeddedBroker
 from prmloop.store.credentials import load_credentials
 from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.ports import free_port, port_open
 from prmloop.store.sigv4 import check, sign_headers
 from prmloop.store.topics import all_topic_specs
 

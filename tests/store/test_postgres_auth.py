@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.broker import free_port
 from prmloop.store.credentials import ADMIN_ROLE, READER_ROLE, ROLES, SINK_ROLE, load_credentials
 from prmloop.store.pg_auth import HBA
+from prmloop.store.ports import free_port
 from prmloop.store.postgres import postgres_bin_dir, wait_ready
 
 PSQL = str(postgres_bin_dir() / "psql")
