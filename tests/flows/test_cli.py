@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cli_process import prmloop_cli
 from typer.testing import CliRunner
 
 from prmloop.consumers.sink import events_to_arrow
@@ -27,16 +28,7 @@ runner = CliRunner()
 
 
 def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    env["PRMLOOP_HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "prmloop.flows.cli", *args],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return prmloop_cli(home, *args, timeout=120, drop=("KAFKA_BOOTSTRAP_SERVERS",))
 
 
 @pytest.fixture
