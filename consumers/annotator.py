@@ -31,7 +31,7 @@ from prmloop.models.annotation.strategies import STRATEGIES, Annotation, Annotat
 from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.prompts import prompt_format_of
 from prmloop.models.simulator import SimulatorOptions
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -45,6 +45,7 @@ from prmloop.store.events import (
     scored_to_label,
 )
 from prmloop.store.poison import TransientError
+from prmloop.store.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = [
@@ -424,34 +425,25 @@ def run_annotator(
         max_in_flight=settings.in_flight,
         free_only=settings.free_only,
     )
-    runtime = ConsumerRuntime(
-        topics=[settings.topic],
-        group_id=settings.group,
-        bootstrap_servers=bootstrap_servers,
-        handler=handler,
-        kafka=kafka,
-        max_batch=settings.in_flight,
-        name="annotator",
-    )
     max_solutions = settings.max_solutions
 
     def done() -> bool:
         counts = handler.stats.counts
-        if max_solutions is not None and counts["labelled"] + counts["unresolved"] >= max_solutions:
-            return True
-        return until is not None and until()
+        return max_solutions is not None and counts["labelled"] + counts["unresolved"] >= max_solutions
 
-    try:
-        stats = runtime.run(
-            until=done, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
-        )
-    finally:
-        handler.close()
-        producer.close()
-    return {
-        **handler.stats.as_dict(),
-        "batches": stats.batches,
-        "dead_lettered": stats.dead_lettered,
-        "retries": stats.retries,
-        "wall_s": round(time.monotonic() - started, 3),
-    }
+    return run_service(
+        "annotator",
+        handler,
+        topics=[settings.topic],
+        group_id=settings.group,
+        bootstrap_servers=bootstrap_servers,
+        counters=handler.stats.as_dict,
+        kafka=kafka,
+        max_batch=settings.in_flight,
+        until=until,
+        done=done,
+        idle_timeout_s=settings.until_idle,
+        install_signal_handlers=install_signal_handlers,
+        close=[handler.close, producer.close],
+        started=started,
+    ).as_dict()

@@ -49,7 +49,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.consumers.consensus_state import JoinState
 from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
@@ -60,6 +60,7 @@ from prmloop.store.events import (
     make_event,
 )
 from prmloop.store.kafka import EventProducer
+from prmloop.store.service import run_service
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["Consensus", "ConsensusSettings", "JoinState", "labels_decision", "run_consensus"]
@@ -344,28 +345,36 @@ def run_consensus(
             state, producer.publish, entropy_threshold=settings.entropy_threshold, max_wait_s=settings.max_wait
         )
         handler.flush()
-        runtime = ConsumerRuntime(
-            topics=topics,
-            group_id=settings.group,
-            bootstrap_servers=bootstrap_servers,
-            handler=handler,
-            kafka=kafka,
-            max_batch=settings.max_batch,
-            session_timeout_ms=(timeout_ms := int(settings.session_timeout * 1000)),
-            max_poll_interval_ms=timeout_ms,  # the rebalance timeout: Tansu delays joins by about half of it
-            name="consensus",
-        )
-
-        def done() -> bool:
-            handler.tick()
-            return until is not None and until()
-
-        stats = runtime.run(
-            until=done, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
-        )
-        counters = handler.counters()
-    finally:
+    except BaseException:
         producer.close()
         state.close()
-    log.info("consensus stopped: %s", counters)
-    return {**counters, "batches": stats.batches, "dead_lettered": stats.dead_lettered}
+        raise
+    counters: dict[str, int] = {}
+
+    def done() -> bool:
+        handler.tick()  # times out lone halves between batches; never stops the service
+        return False
+
+    def closing() -> None:
+        counters.update(handler.counters())  # read before the state closes
+        producer.close()
+        state.close()
+
+    stats = run_service(
+        "consensus",
+        handler,
+        topics=topics,
+        group_id=settings.group,
+        bootstrap_servers=bootstrap_servers,
+        counters=lambda: counters,
+        kafka=kafka,
+        max_batch=settings.max_batch,
+        until=until,
+        done=done,
+        idle_timeout_s=settings.until_idle,
+        install_signal_handlers=install_signal_handlers,
+        close=[closing],
+        session_timeout_ms=(timeout_ms := int(settings.session_timeout * 1000)),
+        max_poll_interval_ms=timeout_ms,  # the rebalance timeout: Tansu delays joins by about half of it
+    )
+    return stats.as_dict()

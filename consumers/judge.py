@@ -34,7 +34,7 @@ from prmloop.models.arith.checker import Strictness
 from prmloop.models.arith.verifier import ExactVerdict, ExactVerifier
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -48,6 +48,7 @@ from prmloop.store.events import (
     scored_to_label,
 )
 from prmloop.store.kafka import EventProducer
+from prmloop.store.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = [
@@ -302,31 +303,20 @@ def run_judge(
     judge, ref = components or build_judge(settings)
     producer = EventProducer(bootstrap_servers, kafka=kafka)
     handler = JudgeHandler(judge, ref, producer.publish)
-    runtime = ConsumerRuntime(
+    limit = settings.max_solutions
+    return run_service(
+        "judge",
+        handler,
         topics=[settings.topic],
         group_id=settings.group,
         bootstrap_servers=bootstrap_servers,
-        handler=handler,
+        counters=lambda: dict(handler.counts),
         kafka=kafka,
         max_batch=1,
-        name="judge",
-    )
-    limit = settings.max_solutions
-
-    def done() -> bool:
-        if limit is not None and handler.counts["judged"] >= limit:
-            return True
-        return until is not None and until()
-
-    try:
-        stats = runtime.run(
-            until=done, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
-        )
-    finally:
-        producer.close()
-    return {
-        **dict(handler.counts),
-        "batches": stats.batches,
-        "dead_lettered": stats.dead_lettered,
-        "wall_s": round(time.monotonic() - started, 3),
-    }
+        until=until,
+        done=lambda: limit is not None and handler.counts["judged"] >= limit,
+        idle_timeout_s=settings.until_idle,
+        install_signal_handlers=install_signal_handlers,
+        close=[producer.close],
+        started=started,
+    ).as_dict()

@@ -47,9 +47,10 @@ from prmloop.models.prompts import prompt_format_of, solution_prompt, step_forma
 from prmloop.models.scoring import teacher_forced_logprobs
 from prmloop.models.simulator import SIMULATOR_NAME, SimulatedStepUncertainty, SimulatorOptions
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled, StepsScored, deterministic_event_id, make_event
 from prmloop.store.kafka import EventProducer
+from prmloop.store.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = ["PRODUCER", "SCORER_GROUP", "ScorerSettings", "StepScorer", "build_scorer", "run_scorer", "scored_event"]
@@ -263,20 +264,20 @@ def run_scorer(
     producer = EventProducer(bootstrap_servers, kafka=kafka)
     try:
         handler = build_scorer(settings, producer.publish)
-        runtime = ConsumerRuntime(
-            topics=[settings.topic],
-            group_id=settings.group,
-            bootstrap_servers=bootstrap_servers,
-            handler=handler,
-            kafka=kafka,
-            max_batch=settings.max_batch,
-            name="scorer",
-        )
-        stats = runtime.run(
-            until=until, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
-        )
-    finally:
+    except BaseException:
         producer.close()
-    counters = handler.counters()
-    log.info("scorer stopped: %s", counters)
-    return {**counters, "batches": stats.batches, "dead_lettered": stats.dead_lettered}
+        raise
+    return run_service(
+        "scorer",
+        handler,
+        topics=[settings.topic],
+        group_id=settings.group,
+        bootstrap_servers=bootstrap_servers,
+        counters=handler.counters,
+        kafka=kafka,
+        max_batch=settings.max_batch,
+        until=until,
+        idle_timeout_s=settings.until_idle,
+        install_signal_handlers=install_signal_handlers,
+        close=[producer.close],
+    ).as_dict()

@@ -35,7 +35,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prmloop.models.prm.active import Decision, Thresholds, decide
 from prmloop.models.prm.ensemble import StepStats
 from prmloop.models.prm.ensemble_prm import EnsemblePRM
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
+from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     ModelRef,
@@ -45,6 +45,7 @@ from prmloop.store.events import (
     make_event,
 )
 from prmloop.store.kafka import EventProducer
+from prmloop.store.service import run_service
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["SELECTOR_GROUP", "Selector", "SelectorSettings", "run_selector", "selection_event"]
@@ -248,21 +249,17 @@ def run_selector(
     producer = EventProducer(bootstrap_servers, kafka=kafka)
     ensemble = ensemble or PromotedEnsemble(settings, cache_dir=StateSettings().home / "features")
     handler = Selector(settings, producer.publish, ensemble)
-    try:
-        runtime = ConsumerRuntime(
-            topics=[settings.topic],
-            group_id=settings.group,
-            bootstrap_servers=bootstrap_servers,
-            handler=handler,
-            kafka=kafka,
-            max_batch=settings.max_batch,
-            name="selector",
-        )
-        stats = runtime.run(
-            until=until, idle_timeout_s=settings.until_idle, install_signal_handlers=install_signal_handlers
-        )
-    finally:
-        producer.close()
-    counts = {"label": handler.counts["label"], "skip": handler.counts["skip"]}
-    log.info("selector stopped: %s", counts)
-    return {**counts, "batches": stats.batches, "dead_lettered": stats.dead_lettered}
+    return run_service(
+        "selector",
+        handler,
+        topics=[settings.topic],
+        group_id=settings.group,
+        bootstrap_servers=bootstrap_servers,
+        counters=lambda: {"label": handler.counts["label"], "skip": handler.counts["skip"]},
+        kafka=kafka,
+        max_batch=settings.max_batch,
+        until=until,
+        idle_timeout_s=settings.until_idle,
+        install_signal_handlers=install_signal_handlers,
+        close=[producer.close],
+    ).as_dict()
