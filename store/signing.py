@@ -67,4 +67,6 @@ def signature_status(
     given = getattr(payload, "signature", None)
     if not given:
         return "unsigned"
-    return "verified" if hmac.compare_digest(str(given), _digest(payload, _key(key))) else "bad signature"
+    # As bytes: compare_digest refuses str with non-ASCII characters, which a hostile stored event may carry.
+    expected = _digest(payload, _key(key)).encode()
+    return "verified" if hmac.compare_digest(str(given).encode(), expected) else "bad signature"

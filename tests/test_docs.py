@@ -8,6 +8,7 @@ after it on the same line (up to the next ``prmloop``) is an option of that comm
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,7 +93,8 @@ def broken_links(path: Path, text: str, root: Path = ROOT) -> Iterator[tuple[str
             continue
         where = f"{path.relative_to(root)}:{prose.count(chr(10), 0, match.start()) + 1}"
         file_part, _, anchor = target.partition("#")
-        resolved = (path.parent / file_part).resolve() if file_part else path
+        # normpath, not resolve: `../shared` may be a link to elsewhere and still count as the shared folder
+        resolved = Path(os.path.normpath(path.parent / file_part)) if file_part else path
         if not resolved.exists():
             yield f"{where}: the link {target} leads to no file", resolved
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
