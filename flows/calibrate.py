@@ -15,9 +15,10 @@ from typing import Any, cast
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prmloop.flows.evals.aggregate import load_for_eval, slug, write_outputs
 from prmloop.models.aggregation.calibration import AggregationCalibration
 from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluation, evaluate_aggregation
+from prmloop.models.aggregation.loader import load_for_eval
+from prmloop.models.aggregation.plots import slug, write_outputs
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
 from prmloop.models.aggregation.selection import CALIBRATED_METHODS
 from prmloop.store.events import CalibrationFitted

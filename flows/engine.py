@@ -35,13 +35,17 @@ The engine asks every ``/v1`` request for the credentials' API key (``VLLM_API_K
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +56,9 @@ from prmloop.models.backends.vllm_backend import (
     engine_flags,
     engine_options_from_environment,
 )
+from prmloop.store.broker import parent_death_signal
 from prmloop.store.credentials import load_credentials
+from prmloop.store.ports import free_port
 
 __all__ = [
     "ENGINE_SERVICES",
@@ -318,3 +324,39 @@ def engine_load(pid: int, url: str | None, sample_s: float = 0.5) -> dict[str, A
         except OSError as exc:
             load["metrics"] = f"unavailable ({type(exc).__name__})"
     return load
+
+
+@contextlib.contextmanager
+def engine_server(
+    python: Path, model: Path, caching: bool, env: dict[str, str], overrides: dict[str, Any]
+) -> Iterator[tuple[str, float]]:
+    """A vLLM server of the caller's own (a bench, a pool's sampler) on a free port: (URL, start seconds);
+    stopped on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    with tempfile.NamedTemporaryFile(prefix="prmloop-bench-engine-", suffix=".log", delete=False) as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            engine_command(python, model, port, prefix_caching=caching, overrides=overrides),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            # SIGKILLed with this process, whatever ends it (SIGTERM goes through the finally below).
+            preexec_fn=parent_death_signal(),  # noqa: PLW1509
+        )
+    try:
+        if not wait_ready(url, 600, lambda: process.poll() is None):
+            raise RuntimeError(f"the vLLM server did not come up (exit {process.poll()}); see {log.name}")
+        yield url, time.perf_counter() - started
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    Path(log.name).unlink(missing_ok=True)

@@ -25,9 +25,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prmloop.flows.evals.processbench import eval_processbench
 from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
+from prmloop.models.prm.evaluate import score_processbench
 from prmloop.models.prm.model import PRM, PRMConfig
 from prmloop.models.prm.train import train_prm
 from prmloop.store.events import Envelope, ModelRef
@@ -53,7 +53,7 @@ def snapshot_task(db: str, kind: str, root: str, ratios: tuple[float, float, flo
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(prm: PRM, limit: int) -> dict[str, Any]:
-    return eval_processbench(prm.score_solutions, limit=limit)
+    return score_processbench(prm.score_solutions, limit=limit)
 
 
 def _pipeline(

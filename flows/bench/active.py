@@ -37,15 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from prmloop.flows.bench.active_pools import ARITH_LEVELS, PoolItem, build_pool, split_pool
+from prmloop.flows.bench.active_pools import ARITH_LEVELS, build_pool
 from prmloop.flows.bench.active_stats import compare_arms
 from prmloop.models.prm.active import Thresholds, decide, rank_uncertain
-from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
-from prmloop.models.prm.evaluate import first_below
 from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
-from prmloop.models.processbench import processbench_f1
+from prmloop.models.prm.pool import PoolItem, example_of, held_out_f1, split_pool
 
 __all__ = ["ARMS", "ActiveSettings", "label_quality", "run_active"]
 
@@ -73,17 +71,6 @@ class ActiveSettings:
     engine: str = "auto"
 
 
-def example_of(item: PoolItem) -> PRMExample | None:
-    """The labeller's label as a training example (steps through its first error), or ``None``."""
-    first = item.label_first_error
-    if first is None:
-        return None
-    if first < 0:
-        return PRMExample(item.problem, item.steps, (True,) * len(item.steps))
-    first = min(first, len(item.steps) - 1)
-    return PRMExample(item.problem, item.steps[: first + 1], tuple(t < first for t in range(first + 1)))
-
-
 def _train(items: Sequence[PoolItem], features: dict[str, np.ndarray], config: EnsembleConfig) -> EnsemblePRM | None:
     pairs = [(example_of(i), features[i.key]) for i in items]
     kept = [(e, f) for e, f in pairs if e is not None and len(f)]
@@ -91,19 +78,6 @@ def _train(items: Sequence[PoolItem], features: dict[str, np.ndarray], config: E
         return None
     prm, _ = train_ensemble_prm([e for e, _ in kept], config=config, features=[f for _, f in kept])
     return prm
-
-
-def held_out_f1(prm: EnsemblePRM | None, items: Sequence[PoolItem], features: dict[str, np.ndarray]) -> float:
-    """Mean over subsets of the ProcessBench F1 (the model's τ; no model: every solution "no error")."""
-    by_subset: dict[str, tuple[list[int], list[int]]] = {}
-    stats = prm.ensemble.stats([features[i.key] for i in items]) if prm is not None else None
-    for index, item in enumerate(items):
-        predicted = -1 if stats is None else first_below(stats[index].mean, prm.threshold)  # type: ignore[union-attr]
-        preds, labels = by_subset.setdefault(item.subset if item.key.startswith("processbench") else "all", ([], []))
-        preds.append(predicted)
-        labels.append(item.first_error)
-    scores = [processbench_f1(p, y)["f1"] for p, y in by_subset.values()]
-    return float(statistics.fmean(s if s is not None else 0.0 for s in scores))
 
 
 def _priority_order(items: Sequence[PoolItem], rng: random.Random) -> list[int]:

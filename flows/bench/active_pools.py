@@ -27,47 +27,17 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARITH_LEVELS", "POOLS", "PoolItem", "PoolWork", "build_pool", "split_pool"]
+from prmloop.models.prm.pool import PoolItem, split_pool
+
+__all__ = ["ARITH_LEVELS", "POOLS", "PoolWork", "build_pool"]
 
 POOLS = ("processbench", "arith", "arith-mc")
 
 Say = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class PoolItem:
-    """One solution of a pool.
-
-    ``first_error`` is the truth (-1: no error); ``label_first_error`` what the labeller says (-1: no
-    error; ``None``: the labeller gave no label, e.g. an unresolved MC search, though it paid for it);
-    ``cost`` what the label cost (1 per label, or generated tokens for MC); ``correct`` the final
-    answer's grade (the question-level priority uses it); ``subset`` the ProcessBench subset or level.
-    """
-
-    key: str
-    question: str
-    subset: str
-    problem: str
-    steps: tuple[str, ...]
-    first_error: int
-    label_first_error: int | None
-    cost: float
-    correct: bool | None
-    answer: str | None = None
-
-
-def split_pool(items: list[PoolItem]) -> tuple[list[PoolItem], list[PoolItem]]:
-    """(pool half, held-out half) by the SHA-256 of each question: one question never straddles them."""
-    pool: list[PoolItem] = []
-    held_out: list[PoolItem] = []
-    for item in items:
-        bucket = int(hashlib.sha256(item.question.encode()).hexdigest()[:8], 16) % 2
-        (pool if bucket == 0 else held_out).append(item)
-    return pool, held_out
 
 
 def processbench_items() -> list[PoolItem]:

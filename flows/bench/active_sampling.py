@@ -165,8 +165,13 @@ class Sampler:
         return ENGINE_START_S if self.kind == "vllm" and self.url is None else 0.0
 
     def _start_vllm(self) -> None:
-        from prmloop.flows.bench.generate_engines import engine_server
-        from prmloop.flows.engine import converted_model, engine_environment, engine_key_environment, vllm_python
+        from prmloop.flows.engine import (
+            converted_model,
+            engine_environment,
+            engine_key_environment,
+            engine_server,
+            vllm_python,
+        )
 
         python = vllm_python()
         model = converted_model(python)

@@ -11,11 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from prmloop.flows.evals.aggregate import default_data_dir, load_for_eval
 from prmloop.models.aggregation.calibration import fit_calibration
+from prmloop.models.aggregation.loader import load_for_eval
 from prmloop.models.aggregation.naive import select_naive
 from prmloop.models.aggregation.pool import ScoredCandidates, ScoreRule
 from prmloop.models.aggregation.selection import available_methods, select
+from prmloop.models.questions import data_dir
 
 
 def _best_of(repeats: int, fn: Callable[[], np.ndarray]) -> tuple[float, np.ndarray]:
@@ -45,7 +46,7 @@ def bench_aggregate(
     ``vectorized_s`` and ``naive_s`` are sums over methods of the fastest of ``repeats`` runs
     (``repeats // 2`` for the slow loop). ``limit`` keeps the first questions only (tests).
     """
-    pool = pool if pool is not None else default_data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
+    pool = pool if pool is not None else data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
     loaded = load_for_eval(pool, scores, prm=prm, limit=limit)
     fit = fit_calibration(loaded.take(np.arange(min(calibration_size, loaded.n_questions))), score_rule=score_rule)
     cands = ScoredCandidates.from_pool(loaded)

@@ -15,14 +15,12 @@ machine's load average before and after is recorded: the CPU is shared.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
-import signal
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,15 +31,12 @@ from prmloop.flows.engine import (
     converted_model,
     cpu_flags,
     default_threads,
-    engine_command,
     engine_environment,
     engine_key_environment,
+    engine_server,
     vllm_python,
-    wait_ready,
 )
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
-from prmloop.store.broker import parent_death_signal
-from prmloop.store.ports import free_port
 
 __all__ = ["bench_engines"]
 
@@ -73,43 +68,6 @@ def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[s
         )
     parsed: dict[str, Any] = json.loads(lines[-1])
     return parsed
-
-
-@contextlib.contextmanager
-def engine_server(
-    python: Path, model: Path, caching: bool, env: dict[str, str], overrides: dict[str, Any]
-) -> Iterator[tuple[str, float]]:
-    """A vLLM server of the bench's own on a free port (URL, start seconds), stopped on exit."""
-    import time
-
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1"
-    with tempfile.NamedTemporaryFile(prefix="prmloop-bench-engine-", suffix=".log", delete=False) as log:
-        started = time.perf_counter()
-        process = subprocess.Popen(
-            engine_command(python, model, port, prefix_caching=caching, overrides=overrides),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            # SIGKILLed with this process, whatever ends it (SIGTERM goes through the finally below).
-            preexec_fn=parent_death_signal(),  # noqa: PLW1509
-        )
-    try:
-        if not wait_ready(url, 600, lambda: process.poll() is None):
-            raise RuntimeError(f"the vLLM server did not come up (exit {process.poll()}); see {log.name}")
-        yield url, time.perf_counter() - started
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    Path(log.name).unlink(missing_ok=True)
 
 
 def bench_engines(

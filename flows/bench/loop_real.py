@@ -93,13 +93,13 @@ def warm_features(
 def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | None = None) -> dict[str, Any]:
     """An ensemble trained on the curriculum checker's exact labels of the arm's accepted solutions (the
     ones the checker decides), scored on the same held-out set: what the loop's labels could have been."""
-    from prmloop.flows.bench.active import held_out_f1
     from prmloop.flows.retrain_ensemble import eval_items
     from prmloop.models.arith.checker import check_steps
     from prmloop.models.arith.verifier import chain_of
     from prmloop.models.prm.data import PRMExample
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
+    from prmloop.models.prm.pool import held_out_f1
     from prmloop.store.snapshot import select_labels
 
     rows = select_labels(db, kind="accepted")

@@ -3,80 +3,14 @@ the compute fraction of the calibrated methods, and PNG plots (accuracy vs N, fi
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.aggregation.evaluation import DEFAULT_NS, AggregationEvaluation, evaluate_aggregation
-from prmloop.models.aggregation.loader import load_pool
-from prmloop.models.aggregation.plots import plot_accuracy_vs_n, plot_weighting_functions
-from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
-from prmloop.models.questions import data_dir
-
-
-def default_data_dir() -> Path:
-    """The shared data folder: ``$PRMLOOP_DATA_DIR``, else ``../shared/data`` beside the repository."""
-    return data_dir()
-
-
-def resolve_pool_paths(
-    pool: str | Path, scores: str | Path | None = None, prm: str = "qwen_prm", reference: str | Path | None = None
-) -> tuple[Path, Path, Path | None]:
-    """Pool file, score file and reference file for ``pool``.
-
-    ``scores`` defaults to ``step_scores/{prm}_{dataset}.jsonl.gz`` beside the pool, where
-    ``dataset`` is the pool file's name before ``_candidates``; ``reference`` defaults to
-    ``../math/math500_test.jsonl`` for the MATH-500 pool (its stored correctness is wrong).
-    """
-    pool_path = Path(pool)
-    dataset = pool_path.name.split("_candidates")[0]
-    score_path = Path(scores) if scores is not None else pool_path.parent / "step_scores" / f"{prm}_{dataset}.jsonl.gz"
-    if not score_path.exists():
-        available = sorted(p.name for p in (pool_path.parent / "step_scores").glob(f"*_{dataset}.jsonl.gz"))
-        raise FileNotFoundError(
-            f"no step scores at {score_path}; pass --scores, or --prm with one of: {available or 'none found'}"
-        )
-    ref: Path | None = Path(reference) if reference is not None else None
-    if ref is None and dataset == "math500":
-        guess = pool_path.parent.parent / "math" / "math500_test.jsonl"
-        ref = guess if guess.exists() else None
-    return pool_path, score_path, ref
-
-
-def load_for_eval(
-    pool: str | Path,
-    scores: str | Path | None = None,
-    *,
-    prm: str = "qwen_prm",
-    reference: str | Path | None = None,
-    score_kind: ScoreKind | None = None,
-    limit: int | None = None,
-) -> CandidatePool:
-    """:func:`load_pool` with the paths of :func:`resolve_pool_paths`."""
-    pool_path, score_path, ref = resolve_pool_paths(pool, scores, prm, reference)
-    return load_pool(pool_path, score_path, reference_path=ref, score_kind=score_kind, limit=limit)
-
-
-def slug(*parts: str) -> str:
-    """A Prefect artifact key / folder name: lowercase letters, digits and dashes."""
-    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
-
-
-def write_outputs(ev: AggregationEvaluation, out_dir: str | Path) -> dict[str, str]:
-    """PNG plots, the evaluation JSON and split 0's calibration fit into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "accuracy_png": str(plot_accuracy_vs_n(ev, out / "accuracy_vs_n.png")),
-        "weights_png": str(plot_weighting_functions(ev.fits[0], out / "weighting_functions.png")),
-    }
-    (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=2))
-    (out / "calibration_fit.json").write_text(ev.fits[0].model_dump_json(indent=2))
-    paths["evaluation_json"] = str(out / "evaluation.json")
-    paths["calibration_json"] = str(out / "calibration_fit.json")
-    return paths
+from prmloop.models.aggregation.evaluation import DEFAULT_NS, evaluate_aggregation
+from prmloop.models.aggregation.loader import load_for_eval
+from prmloop.models.aggregation.plots import slug, write_outputs
+from prmloop.models.aggregation.pool import ScoreKind, ScoreRule
 
 
 def eval_aggregate(

@@ -11,33 +11,15 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from prmloop.models.prm.evaluate import best_threshold, processbench_scores
-from prmloop.models.processbench import read_processbench
+from prmloop.models.prm.evaluate import Scorer, score_processbench
 from prmloop.models.questions import data_dir
 from prmloop.store.snapshot import split_of
 
 __all__ = ["best_of_n", "eval_processbench"]
-
-Scorer = Callable[[list[str], list[list[str]]], list[list[float]]]
-
-
-def _subset(name: str, limit: int | None, holdout: bool) -> tuple[list[Any], list[str]]:
-    items, errors = read_processbench(data_dir() / "processbench" / f"{name}.json")
-    if holdout:
-        items = [i for i in items if split_of(f"processbench/{name}/{i.id}", (0.5, 0.0, 0.5)) == "test"]
-    if not limit:
-        return items, errors
-    # ProcessBench files list erroneous solutions first: take both kinds, half and half, in file order.
-    wrong = [i for i in items if i.label >= 0]
-    right = [i for i in items if i.label < 0]
-    half = limit // 2
-    chosen = wrong[: limit - min(half, len(right))] + right[:half]
-    return chosen[:limit], errors
 
 
 def eval_processbench(
@@ -48,23 +30,9 @@ def eval_processbench(
     holdout: bool = False,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
-    """F1 per subset at the GSM8K-chosen threshold; ``score(problems, steps)`` gives step scores."""
-    started = time.perf_counter()
-    scored: dict[str, tuple[list[list[float]], list[int]]] = {}
-    steps_scored = 0
-    for name in subsets:
-        items, _ = _subset(name, limit, holdout)
-        scores = score([i.problem for i in items], [list(i.steps) for i in items])
-        steps_scored += sum(len(s) for s in scores)
-        scored[name] = (scores, [i.label for i in items])
-        progress(f"{name}: {len(items)} solutions scored")
-    anchor = "gsm8k" if "gsm8k" in scored else subsets[0]
-    threshold = best_threshold(*scored[anchor])
-    result: dict[str, Any] = {"threshold": threshold, "threshold_from": anchor, "holdout": holdout}
-    for name, (scores, labels) in scored.items():
-        result[name] = {**processbench_scores(scores, labels, threshold), "samples": len(labels)}
-    result["steps_per_s"] = steps_scored / max(time.perf_counter() - started, 1e-9)
-    return result
+    """:func:`~prmloop.models.prm.evaluate.score_processbench`, on the test split only with ``holdout``."""
+    keep = (lambda key: split_of(key, (0.5, 0.0, 0.5)) == "test") if holdout else None
+    return score_processbench(score, subsets=subsets, limit=limit, keep=keep, progress=progress)
 
 
 def best_of_n(score: Scorer, *, problems: int = 20, n: int = 8) -> dict[str, Any]:

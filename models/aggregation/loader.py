@@ -259,3 +259,41 @@ def _cached_grouping(
     tmp.write_text(json.dumps({"ids": ids, "cluster_correct": ok}))
     tmp.replace(cfile)
     return ids, ok
+
+
+def resolve_pool_paths(
+    pool: str | Path, scores: str | Path | None = None, prm: str = "qwen_prm", reference: str | Path | None = None
+) -> tuple[Path, Path, Path | None]:
+    """Pool file, score file and reference file for ``pool``.
+
+    ``scores`` defaults to ``step_scores/{prm}_{dataset}.jsonl.gz`` beside the pool, where
+    ``dataset`` is the pool file's name before ``_candidates``; ``reference`` defaults to
+    ``../math/math500_test.jsonl`` for the MATH-500 pool (its stored correctness is wrong).
+    """
+    pool_path = Path(pool)
+    dataset = pool_path.name.split("_candidates")[0]
+    score_path = Path(scores) if scores is not None else pool_path.parent / "step_scores" / f"{prm}_{dataset}.jsonl.gz"
+    if not score_path.exists():
+        available = sorted(p.name for p in (pool_path.parent / "step_scores").glob(f"*_{dataset}.jsonl.gz"))
+        raise FileNotFoundError(
+            f"no step scores at {score_path}; pass --scores, or --prm with one of: {available or 'none found'}"
+        )
+    ref: Path | None = Path(reference) if reference is not None else None
+    if ref is None and dataset == "math500":
+        guess = pool_path.parent.parent / "math" / "math500_test.jsonl"
+        ref = guess if guess.exists() else None
+    return pool_path, score_path, ref
+
+
+def load_for_eval(
+    pool: str | Path,
+    scores: str | Path | None = None,
+    *,
+    prm: str = "qwen_prm",
+    reference: str | Path | None = None,
+    score_kind: ScoreKind | None = None,
+    limit: int | None = None,
+) -> CandidatePool:
+    """:func:`load_pool` with the paths of :func:`resolve_pool_paths`."""
+    pool_path, score_path, ref = resolve_pool_paths(pool, scores, prm, reference)
+    return load_pool(pool_path, score_path, reference_path=ref, score_kind=score_kind, limit=limit)

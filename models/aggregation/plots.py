@@ -3,6 +3,8 @@ weighting functions with their zero crossings (Figures 1 and 3)."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +114,23 @@ def plot_weighting_functions(fit: AggregationCalibration, path: str | Path) -> P
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def slug(*parts: str) -> str:
+    """A Prefect artifact key / folder name: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+
+
+def write_outputs(ev: AggregationEvaluation, out_dir: str | Path) -> dict[str, str]:
+    """PNG plots, the evaluation JSON and split 0's calibration fit into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "accuracy_png": str(plot_accuracy_vs_n(ev, out / "accuracy_vs_n.png")),
+        "weights_png": str(plot_weighting_functions(ev.fits[0], out / "weighting_functions.png")),
+    }
+    (out / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=2))
+    (out / "calibration_fit.json").write_text(ev.fits[0].model_dump_json(indent=2))
+    paths["evaluation_json"] = str(out / "evaluation.json")
+    paths["calibration_json"] = str(out / "calibration_fit.json")
+    return paths

@@ -10,12 +10,17 @@ accuracy on erroneous samples (predicted first error == label) and on correct sa
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from prmloop.models.processbench import processbench_f1
+from prmloop.models.processbench import processbench_f1, read_processbench
+from prmloop.models.questions import data_dir
 
-__all__ = ["best_threshold", "first_below", "processbench_scores"]
+__all__ = ["Scorer", "best_threshold", "first_below", "processbench_scores", "score_processbench"]
+
+#: ``score(problems, steps)``: one list of step scores per solution.
+Scorer = Callable[[list[str], list[list[str]]], list[list[float]]]
 
 
 def first_below(scores: Sequence[float], threshold: float) -> int:
@@ -48,3 +53,47 @@ def best_threshold(step_scores: Sequence[Sequence[float]], labels: Sequence[int]
         return (f1 if f1 is not None else -1.0, -abs(t - 0.5))
 
     return max(sorted(candidates), key=key)
+
+
+def _subset(name: str, limit: int | None, keep: Callable[[str], bool] | None) -> tuple[list[Any], list[str]]:
+    items, errors = read_processbench(data_dir() / "processbench" / f"{name}.json")
+    if keep is not None:
+        items = [i for i in items if keep(f"processbench/{name}/{i.id}")]
+    if not limit:
+        return items, errors
+    # ProcessBench files list erroneous solutions first: take both kinds, half and half, in file order.
+    wrong = [i for i in items if i.label >= 0]
+    right = [i for i in items if i.label < 0]
+    half = limit // 2
+    chosen = wrong[: limit - min(half, len(right))] + right[:half]
+    return chosen[:limit], errors
+
+
+def score_processbench(
+    score: Scorer,
+    *,
+    subsets: tuple[str, ...] = ("gsm8k", "math"),
+    limit: int | None = 40,
+    keep: Callable[[str], bool] | None = None,
+    progress: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """F1 per subset at the GSM8K-chosen threshold; ``score(problems, steps)`` gives step scores.
+
+    ``keep`` chooses solutions by their id (``processbench/<subset>/<id>``), e.g. a held-out split;
+    ``limit`` takes that many of each subset, erroneous and correct ones half and half."""
+    started = time.perf_counter()
+    scored: dict[str, tuple[list[list[float]], list[int]]] = {}
+    steps_scored = 0
+    for name in subsets:
+        items, _ = _subset(name, limit, keep)
+        scores = score([i.problem for i in items], [list(i.steps) for i in items])
+        steps_scored += sum(len(s) for s in scores)
+        scored[name] = (scores, [i.label for i in items])
+        progress(f"{name}: {len(items)} solutions scored")
+    anchor = "gsm8k" if "gsm8k" in scored else subsets[0]
+    threshold = best_threshold(*scored[anchor])
+    result: dict[str, Any] = {"threshold": threshold, "threshold_from": anchor, "holdout": keep is not None}
+    for name, (scores, labels) in scored.items():
+        result[name] = {**processbench_scores(scores, labels, threshold), "samples": len(labels)}
+    result["steps_per_s"] = steps_scored / max(time.perf_counter() - started, 1e-9)
+    return result

@@ -19,7 +19,7 @@ def test_calibrate_flow_publishes_table_and_report_artifacts(
 
     monkeypatch.setenv("PRMLOOP_CACHE_DIR", str(tmp_path / "cache"))
     # the flow reads the pool itself; a 40-question slice keeps the run short
-    from prmloop.flows.evals import aggregate as eval_aggregate
+    from prmloop.models.aggregation import loader as eval_aggregate
 
     real_load = eval_aggregate.load_pool
     monkeypatch.setattr(eval_aggregate, "load_pool", lambda *a, **kw: real_load(*a, **{**kw, "limit": 40}))

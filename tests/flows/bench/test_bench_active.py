@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prmloop.flows.bench import active
-from prmloop.flows.bench.active import ActiveSettings, _summarise, _take, example_of, held_out_f1
-from prmloop.flows.bench.active_pools import PoolItem, split_pool
+from prmloop.flows.bench.active import ActiveSettings, _summarise, _take
 from prmloop.models.prm.ensemble import EnsembleConfig
+from prmloop.models.prm.pool import PoolItem, example_of, held_out_f1, split_pool
 
 
 def _item(key: str, first_error: int, *, label: int | None = None, cost: float = 1.0, steps: int = 3) -> PoolItem:
