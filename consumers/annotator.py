@@ -2,7 +2,7 @@
 
 Each event carries the solution as the annotator needs it (problem, steps, grade, gold answer, each
 step's Δu where known), so it reads one topic and looks nothing up. It runs on
-:class:`prmloop.store.consumer.ConsumerRuntime` in a consumer group (processes with one ``group`` share
+:class:`prmloop.store.kafka.runtime.ConsumerRuntime` in a consumer group (processes with one ``group`` share
 the partitions); offsets are committed after the labels are acknowledged. Every ``StepsLabeled`` has a
 deterministic id of (solution, strategy, parameters, completers), so a restarted annotator re-publishes
 the same id and the sink keeps each label once. ``in_flight`` solutions of a batch are annotated at
@@ -31,7 +31,6 @@ from prmloop.models.annotation.strategies import STRATEGIES, Annotation, Annotat
 from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.prompts import prompt_format_of
 from prmloop.models.simulator import SimulatorOptions
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -44,8 +43,9 @@ from prmloop.store.events import (
     make_event,
     scored_to_label,
 )
-from prmloop.store.poison import TransientError
-from prmloop.store.service import run_service
+from prmloop.store.kafka.poison import TransientError
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = [
@@ -409,8 +409,8 @@ def run_annotator(
     when given, for ``prmloop reconcile``). ``components`` replaces :func:`build_annotator` (a model
     already loaded in this process). Returns the annotator's counters, the runtime's and the wall time.
     """
-    from prmloop.store.kafka import EventProducer
-    from prmloop.store.outbox import Outbox
+    from prmloop.store.kafka.outbox import Outbox
+    from prmloop.store.kafka.producer import EventProducer
 
     started = time.monotonic()
     strategy, completers, refs, checker = components or build_annotator(settings)

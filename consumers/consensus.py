@@ -48,8 +48,6 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.consumers.consensus_state import JoinState
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
@@ -59,8 +57,10 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
-from prmloop.store.kafka import EventProducer
-from prmloop.store.service import run_service
+from prmloop.store.events.codec import encode_event
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["Consensus", "ConsensusSettings", "JoinState", "labels_decision", "run_consensus"]
@@ -332,7 +332,7 @@ def run_consensus(
     ``rejected``, ``timed_out``, ``published``, ``wrong_type``), the state's totals (``waiting``,
     ``accepted_total``, ``rejected_total``) and the runtime's ``batches`` and ``dead_lettered``.
     """
-    from prmloop.store.outbox import Outbox
+    from prmloop.store.kafka.outbox import Outbox
 
     kafka = kafka or KafkaSettings()
     topics = [settings.labeled_topic, settings.judged_topic]

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prmloop.store.codec import decode_event, encode_event
 from prmloop.store.events import Envelope, LabelsAccepted, LabelsRejected
+from prmloop.store.events.codec import decode_event, encode_event
 
 __all__ = ["STATE_SQL", "Decider", "JoinState"]
 

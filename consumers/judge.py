@@ -16,7 +16,7 @@ solutions larger than the checker reads, with a warning that names the limit: se
 :mod:`prmloop.models.arith.limits`). A solution without
 steps or problem text is dead-lettered with the reason; a model server that cannot be reached is
 retried with backoff by the runtime, any other failure dead-letters the solution it happened on
-(``prmloop.store.poison``).
+(``prmloop.store.kafka.poison``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from prmloop.models.arith.checker import Strictness
 from prmloop.models.arith.verifier import ExactVerdict, ExactVerifier
 from prmloop.models.backends.registry import EngineSettings, build_backend
 from prmloop.models.judge.judges import Critic, CriticVerdict, JudgeEngine, SolutionJudgment, StepwiseJudge
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -47,8 +46,9 @@ from prmloop.store.events import (
     make_event,
     scored_to_label,
 )
-from prmloop.store.kafka import EventProducer
-from prmloop.store.service import run_service
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = [

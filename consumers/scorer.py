@@ -29,7 +29,7 @@ uncertainty-driven search must be able to place the first error at step 0 too.
 A solution without steps, with step offsets that do not match its steps, or that needs teacher
 forcing but carries no problem text is rejected to ``solutions.sampled.dlq`` with the reason; a model
 server that cannot be reached is retried with backoff, any other failure dead-letters the solution it
-happened on (``prmloop.store.poison``).
+happened on (``prmloop.store.kafka.poison``).
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from prmloop.models.prompts import prompt_format_of, solution_prompt, step_forma
 from prmloop.models.scoring import teacher_forced_logprobs
 from prmloop.models.simulator import SIMULATOR_NAME, SimulatedStepUncertainty, SimulatorOptions
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, ModelRef, SolutionSampled, StepsScored, deterministic_event_id, make_event
-from prmloop.store.kafka import EventProducer
-from prmloop.store.service import run_service
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 from prmloop.store.settings import KafkaSettings
 
 __all__ = ["PRODUCER", "SCORER_GROUP", "ScorerSettings", "StepScorer", "build_scorer", "run_scorer", "scored_event"]

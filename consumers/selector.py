@@ -35,7 +35,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prmloop.models.prm.active import Decision, Thresholds, decide
 from prmloop.models.prm.ensemble import StepStats
 from prmloop.models.prm.ensemble_prm import EnsemblePRM
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     ModelRef,
@@ -44,8 +43,9 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
-from prmloop.store.kafka import EventProducer
-from prmloop.store.service import run_service
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 __all__ = ["SELECTOR_GROUP", "Selector", "SelectorSettings", "run_selector", "selection_event"]
@@ -145,7 +145,7 @@ class PromotedEnsemble:
         if time.monotonic() - self._checked < self.settings.refresh_s:
             return self._current
         self._checked = time.monotonic()
-        from prmloop.store.registry import current_model
+        from prmloop.store.tables.registry import current_model
 
         db = self.settings.db or str(StateSettings().store_location)
         try:

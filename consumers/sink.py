@@ -7,7 +7,7 @@ committed to Kafka only after that transaction. Records that can never be stored
 above the limits, an event on another type's topic) go to ``<topic>.dlq`` through the runtime.
 Killed at any point, it loses nothing and duplicates nothing: a batch is either stored with its
 offsets or redelivered and ignored. On a DuckLake (``PRMLOOP_STORE=ducklake:...``) the sinks join one
-consumer group and split the partitions; see store/lake.py for how event ids stay unique there.
+consumer group and split the partitions; see store/tables/lake.py for how event ids stay unique there.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
-from prmloop.store.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
-from prmloop.store.lake import LakeEventStore, LakeStore
-from prmloop.store.records import collected_between_batches
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import EVENT_TOPICS
+from prmloop.store.kafka.records import collected_between_batches
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import EVENT_TOPICS
+from prmloop.store.tables.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
+from prmloop.store.tables.lake import LakeEventStore, LakeStore
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from prmloop.models.aggregation.loader import load_for_eval
 from prmloop.models.aggregation.plots import slug, write_outputs
 from prmloop.models.aggregation.pool import CandidatePool, ScoreKind, ScoreRule
 from prmloop.models.aggregation.selection import CALIBRATED_METHODS
+from prmloop.store.auth.signing import sign
 from prmloop.store.events import CalibrationFitted
-from prmloop.store.signing import sign
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def calibration_fitted_payload(fit: AggregationCalibration, *, split: str) -> Ca
     every calibrated method's parameters; ``AggregationCalibration.model_validate(payload.fit)``
     restores the record at selection time. ``calibration_id`` is a content hash of what was
     calibrated on what, so a re-run of the same fit yields the same id. Signed with the credentials'
-    key (store/signing.py): only a fit prmloop made is ever put in force."""
+    key (store/auth/signing.py): only a fit prmloop made is ever put in force."""
     ident = json.dumps(
         [
             fit.schema_version,
@@ -180,7 +180,7 @@ def calibrate_and_publish(home: Path, bootstrap_servers: str, *, say: Any = log.
     pool is missing (``../shared`` must sit beside the clone), said once through ``say``."""
     from prmloop.models.questions import data_dir
     from prmloop.store.events import make_event
-    from prmloop.store.kafka import EventProducer
+    from prmloop.store.kafka.producer import EventProducer
 
     pool = data_dir() / "bon" / "gsm8k_candidates.jsonl.gz"
     if not pool.is_file():

@@ -1,4 +1,4 @@
-"""Importers of outside step-labelled data into snapshots (the format of :mod:`prmloop.store.snapshot`).
+"""Importers of outside step-labelled data into snapshots (the format of :mod:`prmloop.store.tables.snapshot`).
 
 - ProcessBench (``{id, problem, steps, label}``, ``label`` = first wrong step or -1);
 - PRMBench (``modified_process`` with 1-based ``error_steps``, and the ``original_process`` as a correct
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from prmloop.models.jsonl import read_json_lines
 from prmloop.models.processbench import read_processbench
-from prmloop.store.snapshot import SnapshotRow
+from prmloop.store.tables.snapshot import SnapshotRow
 
 __all__ = ["SHEPHERD_TAG", "import_rows"]
 

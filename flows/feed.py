@@ -1,6 +1,6 @@
 """The Prefect flow ``feed``: the streaming loop's sampler, one small batch of questions per flow run.
 
-The loop's driver (:mod:`prmloop.flows.loop`) keeps the engine a little ahead of the consumers by
+The loop's driver (:mod:`prmloop.flows.loop.driver`) keeps the engine a little ahead of the consumers by
 starting one ``feed`` run whenever the solutions waiting for annotation run short. A run does two
 things, both through the one engine, with the questions of a batch sampled concurrently so the
 engine's continuous batching sees them together:

@@ -15,10 +15,10 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from prmloop.store.duck import locate
-from prmloop.store.lake import LakeStore
-from prmloop.store.lake import compact as compact_lake
 from prmloop.store.settings import StateSettings
+from prmloop.store.tables.duck import locate
+from prmloop.store.tables.lake import LakeStore
+from prmloop.store.tables.lake import compact as compact_lake
 
 __all__ = ["compact"]
 

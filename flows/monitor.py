@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from prmloop.store.metrics import loop_metrics
+from prmloop.store.tables.metrics import loop_metrics
 
 __all__ = ["ARTIFACT_KEYS", "CURVE_KEY", "monitor", "publish_curve", "summary_markdown"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prmloop.flows.limits import gpu_slot
+from prmloop.flows.concurrency import gpu_slot
 from prmloop.flows.sample import publish_task
 from prmloop.models.backends.base import Generator
 from prmloop.models.backends.registry import build_backend
@@ -91,7 +91,7 @@ def _pipeline(
     logger = get_run_logger() if use_prefect else log
     started = time.perf_counter()
     if bootstrap_servers is None:
-        from prmloop.store.broker_file import require_bootstrap_servers
+        from prmloop.store.kafka.broker_file import require_bootstrap_servers
 
         bootstrap_servers = require_bootstrap_servers()
     questions, errors = load_source(

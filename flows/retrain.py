@@ -5,14 +5,14 @@ frozen-backbone features, trained in seconds, promoted by held-out F1, the PRM t
 with; :mod:`prmloop.flows.retrain_ensemble`) and ``lora`` (the final PRM, steps below).
 
 1. **snapshot**: the store's accepted labels (or MC labels, or an imported snapshot) as an immutable,
-   content-hashed snapshot (:mod:`prmloop.store.snapshot`); it refuses to train on fewer than
+   content-hashed snapshot (:mod:`prmloop.store.tables.snapshot`); it refuses to train on fewer than
    ``min_examples`` solutions;
 2. **train**: LoRA on the embedded model by default (:func:`~prmloop.models.prm.train.train_prm`),
    resumable, with the loss per step logged to the flow run;
 3. **evaluate**: ProcessBench F1 (the Qwen protocol, a few solutions per subset on a laptop);
 4. **register**: a ``ModelRegistered`` event with the artifact's digest, the snapshot, the parent
    model, the config and the metrics; promoted only if its F1 is not worse than the current promoted
-   PRM's (:func:`~prmloop.store.registry.should_promote`). A table artifact ``retrain-models`` records it.
+   PRM's (:func:`~prmloop.store.tables.registry.should_promote`). A table artifact ``retrain-models`` records it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from prmloop.models.prm.evaluate import score_processbench
 from prmloop.models.prm.model import PRM, PRMConfig
 from prmloop.models.prm.train import train_prm
 from prmloop.store.events import Envelope, ModelRef
-from prmloop.store.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
-from prmloop.store.snapshot import load_snapshot, select_labels, write_snapshot
+from prmloop.store.tables.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
+from prmloop.store.tables.snapshot import load_snapshot, select_labels, write_snapshot
 
 __all__ = ["examples_of", "retrain", "run_retrain"]
 
@@ -172,8 +172,8 @@ def _pipeline(
 def _publish(event: Envelope, publish: bool, bootstrap_servers: str | None) -> None:
     if not publish:
         return
-    from prmloop.store.broker_file import require_bootstrap_servers
-    from prmloop.store.kafka import EventProducer
+    from prmloop.store.kafka.broker_file import require_bootstrap_servers
+    from prmloop.store.kafka.producer import EventProducer
 
     with EventProducer(bootstrap_servers or require_bootstrap_servers()) as producer:
         producer.publish([event])

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from prmloop.flows.limits import gpu_slot
+from prmloop.flows.concurrency import gpu_slot
 from prmloop.models.backends.base import Generator
 from prmloop.models.backends.registry import build_backend
 from prmloop.models.questions import Question
@@ -68,8 +68,8 @@ def sample_batch_task(
 @task(name="publish-events", retries=3, retry_delay_seconds=5, cache_policy=NO_CACHE)
 def publish_task(bootstrap_servers: str, events: list[Envelope]) -> int:
     """Publish ``events`` with acknowledgements; each goes to the outbox first."""
-    from prmloop.store.kafka import EventProducer
-    from prmloop.store.outbox import Outbox
+    from prmloop.store.kafka.outbox import Outbox
+    from prmloop.store.kafka.producer import EventProducer
     from prmloop.store.settings import StateSettings
 
     with EventProducer(bootstrap_servers, outbox=Outbox(StateSettings().outbox_dir, name="sample")) as producer:
@@ -124,7 +124,7 @@ def _pipeline(
     for error in errors:
         logger.warning("%s", error)
     if bootstrap_servers is None:
-        from prmloop.store.broker_file import require_bootstrap_servers
+        from prmloop.store.kafka.broker_file import require_bootstrap_servers
 
         bootstrap_servers = require_bootstrap_servers()
     backend_config = settings.backend_config()

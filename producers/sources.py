@@ -193,7 +193,7 @@ def load_source(
     at ``level`` with ``seed``: ``limit`` questions (default :data:`ARITH_DEFAULT_QUESTIONS`).
 
     ``queue`` (a store file) takes the ``limit`` highest-priority questions that were not sampled since
-    they were prioritized (:func:`~prmloop.store.queue.queued_questions`; default limit 8).
+    they were prioritized (:func:`~prmloop.store.tables.queue.queued_questions`; default limit 8).
 
     Questions without a gold answer are left out and reported (their solutions cannot be graded).
 
@@ -206,7 +206,7 @@ def load_source(
         )
     errors: list[str] = []
     if queue is not None:
-        from prmloop.store.queue import queued_questions
+        from prmloop.store.tables.queue import queued_questions
 
         rows = queued_questions(queue, limit or QUEUE_DEFAULT_QUESTIONS)
         if not rows:

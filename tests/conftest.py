@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.models.backends.base import Completion, SamplingParams, ScoredText
 from prmloop.models.questions import data_dir
-from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.events import Envelope
-from prmloop.store.kafka import ensure_topics
+from prmloop.store.kafka.producer import ensure_topics
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from prmloop.models.backends.registry import BackendConfig
     from prmloop.models.backends.transformers_backend import TransformersBackend
-    from prmloop.store.lake import LakeStore
+    from prmloop.store.tables.lake import LakeStore
 
 TINY_BACKEND = "tiny-random"
 
@@ -104,7 +104,7 @@ def lake_store(postgres_catalog: str, tmp_path: Path) -> LakeStore:
 
     import pgserver
 
-    from prmloop.store.lake import LakeStore
+    from prmloop.store.tables.lake import LakeStore
 
     name = f"lake_{uuid.uuid4().hex[:12]}"
     pgserver.get_server(postgres_catalog, cleanup_mode="stop").psql(
@@ -219,7 +219,7 @@ def read_topic(servers: str, topics: Sequence[str], *, idle_s: float = 1.5) -> l
 
     from kafka import KafkaConsumer, TopicPartition
 
-    from prmloop.store.codec import decode_event
+    from prmloop.store.events.codec import decode_event
 
     consumer = KafkaConsumer(bootstrap_servers=servers, enable_auto_commit=False)
     try:

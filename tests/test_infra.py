@@ -30,7 +30,7 @@ def _settings_env_names() -> set[str]:
     """Every environment variable a prmloop settings class reads (prefix + field name)."""
     modules = [
         "prmloop.store.settings",
-        "prmloop.store.limits",
+        "prmloop.store.events.limits",
         "prmloop.producers.sampler",
         "prmloop.producers.prioritize",
         "prmloop.consumers.scorer",
@@ -150,8 +150,8 @@ def _replicas(service: dict[str, Any]) -> int:
 
 def test_compose_runs_the_topology_that_up_cluster_runs() -> None:
     """infra/docker-compose.yml and `prmloop up --cluster` start the same prmloop services, with the same
-    commands, environment variables and replicas (flows/topology.py is the one description)."""
-    from prmloop.flows.topology import APP_SERVICES, ENGINE_VARIABLES, SHARED_VARIABLES
+    commands, environment variables and replicas (flows/ops/topology.py is the one description)."""
+    from prmloop.flows.ops.topology import APP_SERVICES, ENGINE_VARIABLES, SHARED_VARIABLES
 
     compose = _prmloop_services()
     assert set(compose) == {s.name for s in APP_SERVICES}
@@ -168,7 +168,7 @@ def test_compose_runs_the_topology_that_up_cluster_runs() -> None:
 
 
 def test_the_topology_check_would_catch_a_drift() -> None:
-    from prmloop.flows.topology import APP_SERVICES
+    from prmloop.flows.ops.topology import APP_SERVICES
 
     compose = _prmloop_services()
     compose["judge"]["deploy"]["replicas"] = "${PRMLOOP_JUDGE_REPLICAS:-1}"

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from prmloop.flows.cli import bench, credentials, evals, loop, pipeline, prm, stack, store
 from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
-from prmloop.store.broker_file import BrokerError
-from prmloop.store.codec import PublishError
-from prmloop.store.credentials import CredentialsError
-from prmloop.store.duck import ReadOnlyViolation, StoreLocked
-from prmloop.store.lake import LakeError
+from prmloop.store.auth.credentials import CredentialsError
+from prmloop.store.events.codec import PublishError
+from prmloop.store.kafka.broker_file import BrokerError
+from prmloop.store.tables.duck import ReadOnlyViolation, StoreLocked
+from prmloop.store.tables.lake import LakeError
 
 __all__ = ["app", "main"]
 

@@ -13,11 +13,11 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
-from prmloop.store.credentials import private_files, secure_home
-from prmloop.store.duck import locate
-from prmloop.store.lake import is_lake_spec
+from prmloop.flows.ops.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
+from prmloop.store.auth.credentials import private_files, secure_home
 from prmloop.store.settings import StateSettings
+from prmloop.store.tables.duck import locate
+from prmloop.store.tables.lake import is_lake_spec
 
 __all__ = [
     "DbOption",
@@ -101,7 +101,7 @@ def _root(
     ctx.with_resource(isolate_prefect_state(home))
     # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
     if not USER_CHOSE_PREFECT and "prefect" not in sys.modules:
-        from prmloop.flows.stack import prefect_api_url
+        from prmloop.flows.ops.stack import prefect_api_url
 
         url = prefect_api_url(StateSettings(home=home))
         if url:

@@ -27,7 +27,7 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
     reader's query time while they write."""
     n = 10_000 if quick else n
     if store == "ducklake":
-        from prmloop.flows.bench.sink_lake import bench_sink_lake
+        from prmloop.flows.lab.bench.sink_lake import bench_sink_lake
 
         typer.echo(
             json.dumps(bench_sink_lake(n=n, sinks=sinks, rate=rate, latency_seconds=5.0 if quick else latency_seconds))
@@ -37,7 +37,7 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
         raise ValueError(f"--store must be duckdb or ducklake, got {store!r}")
     if sinks != 1:
         raise ValueError("--sinks > 1 needs --store ducklake: a DuckDB file has one writer")
-    from prmloop.flows.bench.sink import bench_sink
+    from prmloop.flows.lab.bench.sink import bench_sink
 
     result = bench_sink(n=n, rate=rate, latency_seconds=5.0 if quick else latency_seconds)
     typer.echo(json.dumps({**result, "store": "duckdb", "sinks": 1}))
@@ -66,12 +66,12 @@ def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     sampling (k=8) and for MC rollouts sharing a prefix, vLLM's prefix cache on and off
     (`vllm_to_transformers_ratio`, `prefix_cache_speedup`). vLLM comes from .venv-vllm (`make vllm`)."""
     if wrapper:
-        from prmloop.flows.bench.generate import bench_generate
+        from prmloop.flows.lab.bench.generate import bench_generate
 
         typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
         return
-    from prmloop.flows.bench.generate_engines import bench_engines
     from prmloop.flows.cli.app import err
+    from prmloop.flows.lab.bench.generate_engines import bench_engines
 
     say = lambda line: err.print(f"bench generate: {line}", markup=False, highlight=False)  # noqa: E731
     if dtype not in (None, "float32", "bfloat16"):
@@ -87,7 +87,7 @@ def bench_annotate_cmd(
     seed: int = 0,
 ) -> None:
     """Every annotation strategy on the same simulated solutions: accuracy and cost."""
-    from prmloop.flows.bench.annotate import bench_annotate
+    from prmloop.flows.lab.bench.annotate import bench_annotate
 
     typer.echo(json.dumps(bench_annotate(n_solutions=n_solutions, quick=quick, correlation=correlation, seed=seed)))
 
@@ -99,7 +99,7 @@ def bench_annotator_cmd(
     seed: int = 0,
 ) -> None:
     """Annotator service throughput: 1 process, 2 processes in one group, 1 process with 4 in flight."""
-    from prmloop.flows.bench.annotator import bench_annotator
+    from prmloop.flows.lab.bench.annotator import bench_annotator
 
     typer.echo(json.dumps(bench_annotator(n_solutions=n_solutions, latency_s=latency, seed=seed)))
 
@@ -113,7 +113,7 @@ def bench_aggregate_cmd(
     repeats: int = 5,
 ) -> None:
     """All aggregation methods on a 500 x 32 pool: vectorized vs a per-question Python loop."""
-    from prmloop.flows.bench.aggregate import bench_aggregate
+    from prmloop.flows.lab.bench.aggregate import bench_aggregate
 
     result = bench_aggregate(pool, scores, prm=prm, score_rule=score_rule, repeats=repeats)
     result.pop("per_method", None)
@@ -148,10 +148,10 @@ def bench_loop_cmd(
     """Simulated (default): prioritized vs random question order on one pool and token budget. --real: the
     streaming loop, the round-based loop and the streaming loop in random question order, one after the
     other on one engine for the same wall-clock time (progress on stderr, one JSON line on stdout)."""
-    from prmloop.flows.bench.loop import LoopBenchSettings, bench_loop
+    from prmloop.flows.lab.bench.loop import LoopBenchSettings, bench_loop
 
     if real:
-        from prmloop.flows.bench.loop_real import ARMS, bench_loop_real
+        from prmloop.flows.lab.bench.loop_real import ARMS, bench_loop_real
 
         chosen = tuple(a.strip() for a in arms.split(",") if a.strip())
         if not chosen or any(a not in ARMS for a in chosen):
@@ -244,11 +244,11 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     transformers; arith-mc also runs MC rollouts): what a build will cost is said before it starts.
     Progress goes to stderr; one JSON line to stdout.
     """
-    from prmloop.flows.bench.active import ActiveSettings
-    from prmloop.flows.bench.active_pools import POOLS
-    from prmloop.flows.bench.active_run import bench_active
-    from prmloop.flows.bench.active_sampling import ENGINES
     from prmloop.flows.cli.app import err
+    from prmloop.flows.lab.bench.active import ActiveSettings
+    from prmloop.flows.lab.bench.active_run import bench_active
+    from prmloop.flows.pools.build import POOLS
+    from prmloop.flows.pools.sampling import ENGINES
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.store.settings import StateSettings
 
@@ -310,6 +310,6 @@ def bench_broker_cmd(
     ] = None,
 ) -> None:
     """Produce and consume rates of the embedded broker in memory and on PostgreSQL: one JSON line."""
-    from prmloop.flows.bench.broker import bench_broker_storage
+    from prmloop.flows.lab.bench.broker import bench_broker_storage
 
     typer.echo(json.dumps(bench_broker_storage(n, batch=batch, dsn=dsn)))

@@ -27,8 +27,8 @@ def kafka(
 ) -> None:
     """One JSON object of kafka-python keyword arguments: KafkaProducer(**that) and KafkaConsumer(**that)
     connect to the broker prmloop's commands use (the embedded broker admits this user's clients only)."""
-    from prmloop.flows.cluster import cluster_connection
-    from prmloop.store.broker_file import find_bootstrap_servers
+    from prmloop.flows.ops.cluster import cluster_connection
+    from prmloop.store.kafka.broker_file import find_bootstrap_servers
 
     settings = KafkaSettings()
     servers = settings.bootstrap_servers
@@ -46,7 +46,7 @@ def kafka(
 @credentials_app.command("prefect")
 def prefect() -> None:
     """The basic-auth string every Prefect server prmloop starts asks for (PREFECT_API_AUTH_STRING)."""
-    from prmloop.store.credentials import load_credentials
+    from prmloop.store.auth.credentials import load_credentials
 
     typer.echo(load_credentials(StateSettings().home).prefect_auth_string)
 
@@ -54,8 +54,8 @@ def prefect() -> None:
 @credentials_app.command("engine")
 def engine() -> None:
     """The vLLM engine's /v1 address (when `prmloop up` runs one) and its API key, as one JSON object."""
-    from prmloop.flows.stack import read_state
-    from prmloop.store.credentials import load_credentials
+    from prmloop.flows.ops.stack import read_state
+    from prmloop.store.auth.credentials import load_credentials
 
     state = StateSettings()
     record = read_state(state, "engine")

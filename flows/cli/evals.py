@@ -10,9 +10,9 @@ import typer
 
 from prmloop.flows.cli.app import DbOption, db_path, err, eval_app
 from prmloop.flows.cli.options import settings_command
-from prmloop.flows.evals.annotate import SERVICE_ONLY_ALL, EvalAnnotateSettings
-from prmloop.flows.evals.judge import SERVICE_ONLY as JUDGE_SERVICE_ONLY
-from prmloop.flows.evals.judge import EvalJudgeSettings
+from prmloop.flows.lab.evals.annotate import SERVICE_ONLY_ALL, EvalAnnotateSettings
+from prmloop.flows.lab.evals.judge import SERVICE_ONLY as JUDGE_SERVICE_ONLY
+from prmloop.flows.lab.evals.judge import EvalJudgeSettings
 
 
 @eval_app.command("aggregate")
@@ -32,7 +32,7 @@ def eval_aggregate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     as_json: Annotated[bool, typer.Option("--json", help="print the whole result as JSON")] = False,
 ) -> None:
     """Accuracy of every aggregation method at each N, and the compute fraction of calibrated methods."""
-    from prmloop.flows.evals.aggregate import eval_aggregate
+    from prmloop.flows.lab.evals.aggregate import eval_aggregate
 
     result = eval_aggregate(
         pool,
@@ -61,7 +61,7 @@ def eval_annotate(settings: EvalAnnotateSettings) -> None:
     """Label solutions with a real completer and compare with the truth: ProcessBench's human first-error
     labels, or (--dataset arith) the exact first errors of the model's own arithmetic solutions, for
     every strategy on the same solutions."""
-    from prmloop.flows.evals.annotate import evaluate_processbench
+    from prmloop.flows.lab.evals.annotate import evaluate_processbench
 
     if settings.dataset == "arith":
         _eval_annotate_arith(settings)
@@ -87,7 +87,7 @@ def _write_report(settings: EvalAnnotateSettings, summary: dict[str, object]) ->
 
 
 def _eval_annotate_arith(settings: EvalAnnotateSettings) -> None:
-    from prmloop.flows.evals.annotate_arith import evaluate_arith, parse_strategies
+    from prmloop.flows.lab.evals.annotate_arith import evaluate_arith, parse_strategies
 
     try:
         levels = [int(level.strip().upper().removeprefix("L")) for level in settings.levels.split(",") if level.strip()]
@@ -125,7 +125,7 @@ def _eval_annotate_arith(settings: EvalAnnotateSettings) -> None:
 def eval_judge(settings: EvalJudgeSettings) -> None:
     """The LLM judge on ProcessBench: step verdicts scored with the CoT Entropy paper's metrics, the
     critic with the ProcessBench protocol. One JSON line; table, rows and plot under --out-dir."""
-    from prmloop.flows.evals.judge import evaluate_judge
+    from prmloop.flows.lab.evals.judge import evaluate_judge
 
     summary = evaluate_judge(
         settings,
@@ -147,7 +147,7 @@ def eval_consensus(
     ] = "none,0.69,0.6,0.5,0.4,0.3,0.2,0.1",
 ) -> None:
     """Consensus retention over the store's labelled and judged solutions, per CoT-entropy threshold."""
-    from prmloop.flows.evals.consensus import consensus_retention
+    from prmloop.flows.lab.evals.consensus import consensus_retention
 
     try:
         values = [None if t.strip().lower() == "none" else float(t) for t in thresholds.split(",")]

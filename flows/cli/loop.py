@@ -1,4 +1,4 @@
-"""``prmloop run``: the loop as a stream (:mod:`prmloop.flows.loop`)."""
+"""``prmloop run``: the loop as a stream (:mod:`prmloop.flows.loop.driver`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import typer
 
 from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import settings_command
-from prmloop.flows.loop import LoopError, LoopSettings
+from prmloop.flows.loop.driver import LoopError, LoopSettings
 from prmloop.store.settings import StateSettings
 
 
@@ -21,7 +21,7 @@ def run(settings: LoopSettings) -> None:
     elsewhere; runs until Ctrl-C (or --minutes), then stops cleanly and prints the learning curve and one
     JSON line of figures. The broker, the sink and Prefect keep running (`prmloop down` stops them);
     libraries' output goes to $PRMLOOP_HOME/logs/loop.log."""
-    from prmloop.flows.run import Terminal, finish, leave, run_session
+    from prmloop.flows.loop.terminal import Terminal, finish, leave, run_session
 
     home = StateSettings().home
     term = Terminal(home / "logs" / "loop.log")

@@ -20,7 +20,7 @@ from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.prioritize import PrioritizeSettings
 from prmloop.producers.sampler import SampleSettings
 from prmloop.producers.sources import QuestionFileError, check_source, default_dataset
-from prmloop.store.broker_file import require_bootstrap_servers
+from prmloop.store.kafka.broker_file import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
 
@@ -89,7 +89,7 @@ def prioritize(settings: PrioritizeSettings) -> None:
 def score(settings: ScorerSettings) -> None:
     """Score each sampled solution's steps: u(s_t), Δu and step order (`steps.scored`, UnPRM Alg. 1)."""
     from prmloop.consumers.scorer import run_scorer
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     stop = stop_on_signals()
     servers = require_bootstrap_servers()
@@ -106,13 +106,13 @@ def select(settings: SelectorSettings) -> None:
     and the judge label only what it sends on; with no promoted ensemble yet, everything is labelled.
     `--revisit`: decide again on what an older PRM skipped, then exit."""
     from prmloop.consumers.selector import run_selector
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     stop = stop_on_signals()
     servers = require_bootstrap_servers()
     ensure_topics(servers)
     if settings.revisit:
-        from prmloop.flows.select import revisit_skipped
+        from prmloop.flows.reselect import revisit_skipped
 
         typer.echo(json.dumps(revisit_skipped(settings, bootstrap_servers=servers)))
         return
@@ -125,7 +125,7 @@ def select(settings: SelectorSettings) -> None:
 def annotate(settings: AnnotatorSettings) -> None:
     """Label the first wrong step of scored solutions with MC rollouts and publish `steps.labeled`."""
     from prmloop.consumers.annotator import build_annotator, run_annotator
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     components = build_annotator(settings)
     stop = stop_on_signals()
@@ -150,7 +150,7 @@ def judge(settings: JudgeSettings) -> None:
     """Judge scored solutions with an LLM (CoT judge per step with CoT Entropy, or the ProcessBench
     critic) and publish `steps.judged`."""
     from prmloop.consumers.judge import build_judge, run_judge
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     components = build_judge(settings)
     stop = stop_on_signals()
@@ -168,7 +168,7 @@ def consensus(settings: ConsensusSettings) -> None:
     """Join MC labels and judge verdicts per solution; accept the labels only where both agree on the
     first error (Qwen "Lessons" consensus filtering): `labels.accepted` / `labels.rejected`."""
     from prmloop.consumers.consensus import run_consensus
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     stop = stop_on_signals()
     servers = require_bootstrap_servers()
@@ -185,7 +185,7 @@ def simulate(settings: SimulatorOptions) -> None:
     """Publish simulated incorrect solutions (questions and solutions) for `score --simulator` and
     `annotate --completer simulator` with the same --sim-n/--sim-seed/--correlation."""
     from prmloop.producers.simulated import simulated_events
-    from prmloop.store.kafka import EventProducer, ensure_topics
+    from prmloop.store.kafka.producer import EventProducer, ensure_topics
 
     servers = require_bootstrap_servers()
     ensure_topics(servers)
@@ -205,7 +205,7 @@ def import_cmd(
     """Publish solutions sampled elsewhere (ProcessBench) as questions and `solutions.sampled` events."""
     from prmloop.models.processbench import load_processbench, processbench_subset
     from prmloop.producers.processbench import processbench_events
-    from prmloop.store.kafka import EventProducer, ensure_topics
+    from prmloop.store.kafka.producer import EventProducer, ensure_topics
 
     if source != "processbench":
         raise typer.BadParameter(f"cannot import {source!r}; supported: processbench")
@@ -241,7 +241,7 @@ def serve(
     num_threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
 ) -> None:
     """Serve a model over an OpenAI-compatible /v1/completions API (with log-probs) for CPU nodes."""
-    from prmloop.models.serve import serve as run_server
+    from prmloop.flows.ops.serve import serve as run_server
 
     err.print(f"serving {model} on http://{host}:{port}/v1 (Ctrl-C stops)")
     run_server(model, host=host, port=port, device=device, num_threads=num_threads)
@@ -271,7 +271,7 @@ def demo(
     """The streaming loop (`prmloop run`) for a time budget on the embedded defaults: every service at once
     on one engine, the ensemble PRM retrained as accepted labels arrive; a live view, then the learning
     curve, the figures, queries and commands to try. Library output goes to $PRMLOOP_HOME/logs/demo.log."""
-    from prmloop.flows.demo import DemoError, DemoSettings, run_demo
+    from prmloop.flows.demo.main import DemoError, DemoSettings, run_demo
 
     if judge not in ("exact", "critic", "stepwise"):
         raise typer.BadParameter(f"--judge must be exact, critic or stepwise, not {judge!r}")

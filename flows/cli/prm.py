@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from prmloop.flows.cli.app import DbOption, app, bench_app, db_path, err, eval_app, store_label, usage_error
-from prmloop.flows.output import OutputFormat
+from prmloop.flows.cli.output import OutputFormat
 from prmloop.store.settings import StateSettings
 
 dataset_app = typer.Typer(help="Dataset snapshots of the labels (Parquet + TRL PRM format).", no_args_is_help=True)
@@ -54,7 +54,7 @@ def snapshot(
     ratios: RatiosOption = "0.8,0.1,0.1",
 ) -> None:
     """Select labels from the store, split by question and write an immutable, content-hashed snapshot."""
-    from prmloop.store.snapshot import select_labels, write_snapshot
+    from prmloop.store.tables.snapshot import select_labels, write_snapshot
 
     if kind not in ("accepted", "mc"):
         raise typer.BadParameter(f"--kind must be accepted or mc, not {kind!r}")
@@ -86,7 +86,7 @@ def import_(
     Bad lines are reported as file:line: reason and skipped; the good lines are imported. A truncated
     or damaged .gz keeps what was read before the damage and says at which line it ended."""
     from prmloop.flows.datasets import import_rows
-    from prmloop.store.snapshot import write_snapshot
+    from prmloop.store.tables.snapshot import write_snapshot
 
     missing = [str(f) for f in files if not f.exists()]
     if missing:
@@ -133,9 +133,9 @@ def list_models(
     registered, which are unverified (not signed by prmloop's flows: never in force), the metric each
     kind is promoted by. --format json or csv: every column of the `model_versions` view, `in_force` as
     the signatures decide it, and `signature` (verified, unsigned or bad signature)."""
-    from prmloop.flows.output import print_rows
-    from prmloop.store.duck import query
-    from prmloop.store.signing import signature_status
+    from prmloop.flows.cli.output import print_rows
+    from prmloop.store.auth.signing import signature_status
+    from prmloop.store.tables.duck import query
 
     sql = (
         "SELECT m.*, e.payload AS _payload FROM model_versions m JOIN events e USING (event_id) "
@@ -166,8 +166,8 @@ def _kind_table(kind: str, rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from prmloop.flows.output import escape_control
-    from prmloop.store.registry import PROMOTION_METRIC
+    from prmloop.flows.cli.output import escape_control
+    from prmloop.store.tables.registry import PROMOTION_METRIC
 
     metric = PROMOTION_METRIC.get(kind)
     heading = f"{kind}: {_KIND_NAMES.get(kind, kind)}"
@@ -292,7 +292,7 @@ def retrain(
         if value not in choices:
             usage_error(f"{option} {value!r}: choose one of {', '.join(choices)}")
     if snapshot is None:
-        from prmloop.store.duck import store_exists
+        from prmloop.store.tables.duck import store_exists
 
         if not store_exists(db_path(db)):
             usage_error(f"no prmloop database at {store_label(db)}: start `prmloop sink` (it creates it), or give --db")
@@ -328,7 +328,7 @@ def eval_processbench_cmd(
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
 ) -> None:
     """ProcessBench F1 per subset (threshold chosen on GSM8K) and optionally Best-of-N accuracy."""
-    from prmloop.flows.evals.processbench import best_of_n, eval_processbench
+    from prmloop.flows.lab.evals.processbench import best_of_n, eval_processbench
     from prmloop.models.prm.load import load_prm
     from prmloop.models.prm.model import PRM
     from prmloop.store.settings import StateSettings
@@ -352,6 +352,6 @@ def bench_prm_cmd(
     threads: Annotated[int | None, typer.Option(help="torch CPU threads")] = None,
 ) -> None:
     """All step scores from one forward pass vs one pass per step prefix, same solutions, one run."""
-    from prmloop.flows.bench.prm import bench_prm
+    from prmloop.flows.lab.bench.prm import bench_prm
 
     typer.echo(json.dumps(bench_prm(solutions=solutions, min_steps=min_steps, threads=threads)))

@@ -5,7 +5,7 @@ on a read-only lake ended the process with SIGSEGV) would end ``prmloop sql`` wi
 ``ducklake:pgserver:`` lake, leave its pid among the local PostgreSQL's holders, so that the catalog
 never stopped. The command's own process holds the catalog (it starts or joins its PostgreSQL, and lets
 go of it when it exits, whatever happened to the query) and hands the query process the lake as a
-plain PostgreSQL catalog (:func:`~prmloop.store.lake_catalog.served_form`); a query process that dies
+plain PostgreSQL catalog (:func:`~prmloop.store.tables.lake_catalog.served_form`); a query process that dies
 of a signal is one line naming it.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import typer
 
 from prmloop.flows.cli.app import print_error
-from prmloop.store.broker import parent_death_signal
-from prmloop.store.duck import locate
-from prmloop.store.lake import LakeStore
+from prmloop.flows.ops.broker import parent_death_signal
+from prmloop.store.tables.duck import locate
+from prmloop.store.tables.lake import LakeStore
 
 __all__ = ["in_query_process", "run_in_query_process"]
 
@@ -37,7 +37,7 @@ def in_query_process() -> bool:
 def run_in_query_process(store: Path | str, query: str, *, fmt: str, timeout: float) -> int:
     """Run ``prmloop sql`` for ``query`` on ``store`` in a child process; echo what it prints; its exit
     code (2, with one line, when it died of a signal)."""
-    from prmloop.store.lake_catalog import served_form
+    from prmloop.store.tables.lake_catalog import served_form
 
     located = locate(store)
     # Passwords stay in passfiles (or in PRMLOOP_STORE as the user gave it): the environment is theirs only.

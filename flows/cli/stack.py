@@ -61,14 +61,14 @@ def up(  # noqa: PLR0917 (typer's options)
     `prmloop down` stops it all.
     """
     if cluster:
-        from prmloop.flows.cluster import cluster_up
+        from prmloop.flows.ops.cluster import cluster_up
 
         if cluster_engine not in ("simulator", "model"):
             raise typer.BadParameter(f"{cluster_engine!r}: write simulator or model", param_hint="--cluster-engine")
         typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=_say)))
         return
-    from prmloop.flows.stack import STACK_SERVICES
-    from prmloop.flows.stack import up as start
+    from prmloop.flows.ops.stack import STACK_SERVICES
+    from prmloop.flows.ops.stack import up as start
 
     if engine not in ("auto", "transformers", "vllm"):
         raise typer.BadParameter(f"--engine must be auto, transformers or vllm, got {engine!r}")
@@ -87,7 +87,7 @@ def up(  # noqa: PLR0917 (typer's options)
 
 def _auto_engine(only: bool, without_engine: bool) -> str:
     """vllm where it can run (bench generate measured it faster than transformers here and on GPUs)."""
-    from prmloop.flows.engine import engine_unavailable
+    from prmloop.flows.ops.engine import engine_unavailable
 
     if only or without_engine:
         return "transformers"
@@ -116,8 +116,8 @@ def engine(
     `prmloop status` shows it and its load, `prmloop down` stops it; `prmloop up` points the services it
     starts at a running engine.
     """
-    from prmloop.flows.engine import service_environment
-    from prmloop.flows.stack import up as start
+    from prmloop.flows.ops.engine import service_environment
+    from prmloop.flows.ops.stack import up as start
 
     _engine_threads(threads)
     summary = start(["engine"], say=_say)
@@ -132,10 +132,10 @@ def down(
     cluster: Annotated[bool, typer.Option("--cluster", help="stop what `prmloop up --cluster` started")] = False,
 ) -> None:
     """Stop everything `prmloop up` started, in reverse order."""
-    from prmloop.flows.stack import down as stop
+    from prmloop.flows.ops.stack import down as stop
 
     if cluster:
-        from prmloop.flows.cluster import cluster_down
+        from prmloop.flows.ops.cluster import cluster_down
 
         typer.echo(json.dumps({"stopped": cluster_down(grace_s=grace, say=_say)}))
         return
@@ -163,8 +163,8 @@ def screenshots(
 ) -> None:
     """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium
     (Debian's `chromium` package: `apt-get install chromium`)."""
-    from prmloop.flows.screenshots import find_chromium, take_screenshots
-    from prmloop.flows.stack import prefect_api_url
+    from prmloop.flows.ops.screenshots import find_chromium, take_screenshots
+    from prmloop.flows.ops.stack import prefect_api_url
 
     # Chromium first: it is installed once, while a server is started every session.
     try:
@@ -174,7 +174,7 @@ def screenshots(
     target = url or prefect_api_url()
     if not target:
         usage_error("no Prefect server found: start one with `prmloop up`, or give --url")
-    from prmloop.store.credentials import load_credentials
+    from prmloop.store.auth.credentials import load_credentials
 
     # prmloop's servers ask for the credentials' auth string (one given by --url may ask for another:
     # PREFECT_API_AUTH_STRING).

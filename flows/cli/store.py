@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 
 from prmloop.flows.cli.app import DbOption, app, db_path, err, stop_on_signals, store_label
-from prmloop.flows.output import OutputFormat, print_rows, print_status
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.broker_file import require_bootstrap_servers
+from prmloop.flows.cli.output import OutputFormat, print_rows, print_status
+from prmloop.flows.ops.broker import EmbeddedBroker
+from prmloop.store.kafka.broker_file import require_bootstrap_servers
 from prmloop.store.settings import StateSettings
 
 
@@ -39,9 +39,9 @@ def broker(
     PostgreSQL: a restarted (or SIGKILLed) broker loses nothing, and brokers on one database are one
     cluster. Other commands find it through $PRMLOOP_HOME/broker.json, unless KAFKA_BOOTSTRAP_SERVERS is set.
     """
-    from prmloop.store.broker import serve_embedded_broker
-    from prmloop.store.broker_file import BrokerError
-    from prmloop.store.postgres import resolve_storage
+    from prmloop.flows.ops.broker import serve_embedded_broker
+    from prmloop.flows.ops.postgres import resolve_storage
+    from prmloop.store.kafka.broker_file import BrokerError
 
     state = StateSettings()
     try:
@@ -72,7 +72,7 @@ def postgres(
 ) -> None:
     """Run a PostgreSQL server in the foreground (initdb on first use) until Ctrl-C or SIGTERM: the
     cluster's database server (broker storage, Prefect, the DuckLake catalog) on one machine."""
-    from prmloop.store.postgres import PostgresError, serve_postgres
+    from prmloop.flows.ops.postgres import PostgresError, serve_postgres
 
     state = StateSettings()
     folder = data_dir or state.home / "postgres"
@@ -95,8 +95,8 @@ def postgres(
 @app.command()
 def topics(partitions: Annotated[int, typer.Option(help="partitions per new topic")] = 4) -> None:
     """Create the event topics and their dead-letter topics (idempotent)."""
-    from prmloop.store.kafka import ensure_topics
-    from prmloop.store.topics import all_topic_specs
+    from prmloop.store.events.topics import all_topic_specs
+    from prmloop.store.kafka.producer import ensure_topics
 
     created = ensure_topics(require_bootstrap_servers(), all_topic_specs(partitions))
     typer.echo(f"created {len(created)} topics" + (f": {', '.join(created)}" if created else " (all existed)"))
@@ -111,7 +111,7 @@ def sink(
 ) -> None:
     """Run the store sink: the only writer of the DuckDB file. Stops cleanly on Ctrl-C / SIGTERM."""
     from prmloop.consumers.sink import run_sink
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     stop = stop_on_signals()
     servers = require_bootstrap_servers()
@@ -154,8 +154,8 @@ def sql(
     Reads --db, else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the
     DuckDB file."""
     from prmloop.flows.cli.sql_process import in_query_process, run_in_query_process
-    from prmloop.flows.cluster import cluster_connection
-    from prmloop.store.duck import query as run_query
+    from prmloop.flows.ops.cluster import cluster_connection
+    from prmloop.store.tables.duck import query as run_query
 
     store = _reading_store(db, cluster_connection())
     if not in_query_process():
@@ -169,7 +169,7 @@ def sql(
 @app.command()
 def reconcile(db: DbOption = None) -> None:
     """Re-publish outbox events missing from DuckDB (after the in-memory broker restarted)."""
-    from prmloop.store.reconcile import reconcile as run_reconcile
+    from prmloop.store.kafka.reconcile import reconcile as run_reconcile
 
     report = run_reconcile(require_bootstrap_servers(), db_path(db), StateSettings().outbox_dir)
     typer.echo(json.dumps(report))
@@ -194,9 +194,9 @@ def status(
     LoRA), the learning curve and the latest calibration, conflicting duplicates, the last ingestion. A
     broker or store that cannot be read is said so; the rest is still reported. A few readable lines on
     a terminal; one JSON object with --json or when piped."""
-    from prmloop.flows.cluster import cluster_connection, cluster_report
-    from prmloop.flows.stack import service_report
-    from prmloop.store.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
+    from prmloop.flows.ops.cluster import cluster_connection, cluster_report
+    from prmloop.flows.ops.stack import service_report
+    from prmloop.store.kafka.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
     from prmloop.store.settings import KafkaSettings
 
     cluster = cluster_connection()
@@ -280,8 +280,8 @@ def _kafka_status(servers: str, *, approximate: bool) -> dict[str, object]:
     from prmloop.consumers.scorer import SCORER_GROUP
     from prmloop.consumers.selector import SELECTOR_GROUP
     from prmloop.consumers.sink import SINK_GROUP
-    from prmloop.store.deadletter import dead_letter_summary
-    from prmloop.store.lag import consumer_lag
+    from prmloop.store.kafka.deadletter import dead_letter_summary
+    from prmloop.store.kafka.lag import consumer_lag
 
     groups = [SINK_GROUP, SCORER_GROUP, SELECTOR_GROUP, ANNOTATOR_GROUP, JUDGE_GROUP, CONSENSUS_GROUP]
     # Tansu (the embedded broker and the cluster's) undercounts end offsets by up to a batch.
@@ -292,8 +292,8 @@ def _kafka_status(servers: str, *, approximate: bool) -> dict[str, object]:
 
 
 def _store_status(path: Path | str, timeout: float) -> dict[str, object]:
-    from prmloop.store.duck import store_health
-    from prmloop.store.metrics import loop_metrics
+    from prmloop.store.tables.duck import store_health
+    from prmloop.store.tables.metrics import loop_metrics
 
     try:
         return {**store_health(path, timeout_s=timeout), **loop_metrics(path, timeout_s=timeout)}
@@ -319,7 +319,7 @@ def export(
     Prints one JSON line per file."""
     from pathlib import Path
 
-    from prmloop.store.export import export_views
+    from prmloop.store.tables.export import export_views
 
     def progress(p: dict[str, object]) -> None:
         err.print(f"export: {p['view']}: {p['rows']} rows", highlight=False)

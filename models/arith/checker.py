@@ -199,7 +199,7 @@ def check_steps(
     - ``"lenient"``: also a step with no number at all ("the first arithmetic error").
 
     Measured on SmolLM2-135M's step_k solutions to levels 1-5 (240 solutions, 231 not correct; the
-    located errors checked by hand, see ``flows/evals/arith.py``), before the operation and role
+    located errors checked by hand, see ``flows/pools/levels.py``), before the operation and role
     rules: ``"equations"`` located 22, of which 21 were the true first error; ``"numbers"`` 46, about
     two in three right (the misses: an earlier sentence that misuses question numbers); ``"lenient"``
     91, fewer of them right. docs/judge-and-consensus.md's exact-judge section has the figures.

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.codec import encode_event
-from prmloop.store.duck import StoreLocation, query
+from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import Envelope
-from prmloop.store.kafka import EventProducer
+from prmloop.store.events.codec import encode_event
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.tables.duck import StoreLocation, query
 
 
 class SinkTools:

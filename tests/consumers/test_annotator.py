@@ -11,12 +11,12 @@ from prmloop.consumers.annotator import Annotator
 from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch, UncertaintyDrivenSearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import Envelope, ModelRef, StepsLabeled, StepsScored, make_event
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.poison import TransientError, is_transient
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.poison import TransientError, is_transient
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime
 
 SIM = ModelRef(backend="simulator", name="simulator")
 

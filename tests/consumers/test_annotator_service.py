@@ -16,15 +16,15 @@ from pathlib import Path
 from kafka import KafkaConsumer, TopicPartition
 
 from prmloop.consumers.annotator import Annotator
-from prmloop.flows.bench.annotator import scored_simulated_events
+from prmloop.flows.lab.bench.annotator import scored_simulated_events
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
 from prmloop.producers.simulated import SIMULATOR_REF, simulated_solution_id
-from prmloop.store.codec import decode_stored_form, encode_event
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, StepsLabeled, StepsScored
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import decode_stored_form, encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent
 
 
 def publish_world(servers: str, n: int, seed: int, partitions: int = 4) -> tuple[str, list[SimulatedSolution]]:

@@ -18,18 +18,18 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.broker_file import BrokerInfo, read_broker_file, require_bootstrap_servers, write_broker_file
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
-from prmloop.store.duck import StoreLocked, query
 from prmloop.store.events import QuestionRegistered, make_event
-from prmloop.store.follow import read_links
-from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec
+from prmloop.store.kafka.broker_file import BrokerInfo, read_broker_file, require_bootstrap_servers, write_broker_file
+from prmloop.store.kafka.follow import read_links
+from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime
 from prmloop.store.settings import KafkaSettings, StateSettings
-from prmloop.store.topics import TopicSpec
+from prmloop.store.tables.duck import StoreLocked, query
 
 
 def _env(home: Path) -> dict[str, str]:

@@ -25,8 +25,6 @@ from prmloop.consumers.consensus import (
     labels_decision,
     run_consensus,
 )
-from prmloop.store.codec import decode_stored_form, encode_event
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
@@ -38,8 +36,10 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import decode_stored_form, encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 JUDGE = ModelRef(backend="openai", name="judge")

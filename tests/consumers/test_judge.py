@@ -8,10 +8,10 @@ from typing import Any
 from prmloop.consumers.judge import JudgeSettings, run_judge
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.judge.judges import StepwiseJudge
-from prmloop.store.codec import encode_event
 from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
 
 PROBLEM = "What is 3*4+1?"
 STEPS = ("3*4 = 12.", "12 + 1 = 14.", "The answer is 14.")

@@ -15,8 +15,6 @@ from prmloop.consumers.scorer import ScorerSettings, StepScorer, run_scorer
 from prmloop.models.backends.base import ScoredText
 from prmloop.models.prompts import format_steps, solution_prompt
 from prmloop.models.scoring import teacher_forced_logprobs
-from prmloop.store.codec import decode_event, encode_event
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import (
     Envelope,
     ModelRef,
@@ -27,8 +25,10 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import decode_event, encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent
 
 if TYPE_CHECKING:
     from prmloop.models.backends.registry import BackendConfig
@@ -171,7 +171,7 @@ def _read_scored(servers: str, solution_ids: set[str], timeout_s: float = 30.0) 
     """Every ``StepsScored`` of ``solution_ids`` on ``steps.scored`` (read from the beginning)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from prmloop.store.kafka import consumer_config
+    from prmloop.store.kafka.producer import consumer_config
     from prmloop.store.settings import KafkaSettings
 
     consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=None))

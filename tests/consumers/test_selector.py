@@ -23,13 +23,13 @@ from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig, StepStats
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
 from prmloop.models.prm.features import FeatureExtractor, FeatureSpec
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
 from prmloop.store.events import Envelope, ModelRef, SolutionSelected, StepsScored, make_event
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.registry import model_registered
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.registry import model_registered
 
 FAST = EnsembleConfig(heads=8, hidden=8, pca_dims=0, epochs=60, learning_rate=2e-2, threads=1)
 
@@ -190,14 +190,14 @@ def test_two_rounds_of_selection_on_a_real_broker_and_store(
         events_to_arrow(_consumed([make_event(p, producer="test") for p in second])),
         [("steps.selected", 0, 100)],
     )
-    from prmloop.store.duck import query
+    from prmloop.store.tables.duck import query
 
     rows = query(store.location, "SELECT decision, prm, reason FROM selections WHERE is_latest AND decision = 'skip'")
     assert len(rows.rows) == len(skipped) and all(r[1] == model_id and "confident" in r[2] for r in rows.rows)
 
     # A newer PRM, strict thresholds: it takes up everything the older one skipped.
     newer = _register(store, _ensemble(extractor, tmp_path, "prm-b", seed=1), 2)
-    from prmloop.flows.select import revisit_skipped
+    from prmloop.flows.reselect import revisit_skipped
 
     strict = settings.model_copy(update={"std_max": 1e-9})
     ensemble = PromotedEnsemble(strict, cache_dir=tmp_path / "features", loader=loader)

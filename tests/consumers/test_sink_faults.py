@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from prmloop.consumers.sink import run_sink
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.consumer import RuntimeStats
-from prmloop.store.duck import StoreLocked, query
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import StepsLabeled, make_event
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.outbox import Outbox, segment_summary
-from prmloop.store.reconcile import reconcile
+from prmloop.store.kafka.outbox import Outbox, segment_summary
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.reconcile import reconcile
+from prmloop.store.kafka.runtime import RuntimeStats
+from prmloop.store.tables.duck import StoreLocked, query
 
 if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
     from conftest import SinkTools

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from prmloop.store.duck import query
-from prmloop.store.lake import LakeStore, compact
+from prmloop.store.tables.duck import query
+from prmloop.store.tables.lake import LakeStore, compact
 
 if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
     from conftest import SinkTools

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.duck import EventStore
-from prmloop.store.kafka import EventProducer
-from prmloop.store.lake import LakeStore
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.lake import LakeStore
 
 
 def _limited_sink(servers: str, store: str, home: Path, log: Path, max_file_bytes: int) -> subprocess.Popen[bytes]:

@@ -16,13 +16,13 @@ from cli_process import prmloop_cli
 from typer.testing import CliRunner
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.cli import app
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.auth.signing import sign
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
-from prmloop.store.registry import PROMOTION_METRIC
-from prmloop.store.signing import sign
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.registry import PROMOTION_METRIC
 
 runner = CliRunner()
 
@@ -200,8 +200,8 @@ def test_a_promotion_anyone_on_the_broker_publishes_is_stored_but_never_in_force
     unsigned one, or one whose signature is not prmloop's, is listed as unverified. The same for a
     calibration."""
     from prmloop.store.events import CalibrationFitted
-    from prmloop.store.metrics import loop_metrics
-    from prmloop.store.registry import current_model
+    from prmloop.store.tables.metrics import loop_metrics
+    from prmloop.store.tables.registry import current_model
 
     forged = _registration("prm_ensemble", True, 9, 0.99).payload.model_copy(update={"signature": None})
     bad = forged.model_copy(update={"model_id": "prm_ensemble-forged-sig", "signature": "hmac-sha256:" + "0" * 64})
@@ -279,7 +279,7 @@ def test_the_readme_s_sql_example_is_readable_at_80_columns(db: Path) -> None:
 
 
 def query_rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    from prmloop.store.duck import query
+    from prmloop.store.tables.duck import query
 
     return [tuple(row) for row in query(db, sql).rows]
 

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.cli import main
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
 
 
 def run_main(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -31,14 +31,14 @@ from typing import Any
 import httpx
 import pytest
 
-from prmloop.flows.cluster import cluster_connection
+from prmloop.flows.ops.cluster import cluster_connection
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.producers.simulated import simulated_events
-from prmloop.store.credentials import load_credentials
-from prmloop.store.duck import query
-from prmloop.store.follow import read_links
-from prmloop.store.kafka import EventProducer
+from prmloop.store.auth.credentials import load_credentials
+from prmloop.store.kafka.follow import read_links
+from prmloop.store.kafka.producer import EventProducer
 from prmloop.store.settings import StateSettings
+from prmloop.store.tables.duck import query
 
 #: The simulated world the scorer and annotator rebuild (``PRMLOOP_*_SIM_N``); the stream publishes a
 #: prefix of it, at least MIN_SOLUTIONS, for as long as the kills last.

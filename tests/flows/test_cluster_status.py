@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prmloop.flows.cli import app
-from prmloop.flows.cluster import BROKERS, cluster_connection, process_names
+from prmloop.flows.ops.cluster import BROKERS, cluster_connection, process_names
 from prmloop.store.ports import free_port
 from prmloop.store.settings import StateSettings
 
@@ -94,9 +94,9 @@ def test_status_gives_up_on_a_broker_whose_storage_died(
 
     import pgserver
 
-    from prmloop.store.broker import EmbeddedBroker
-    from prmloop.store.duck import EventStore
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.flows.ops.broker import EmbeddedBroker
+    from prmloop.store.kafka.producer import ensure_topics
+    from prmloop.store.tables.duck import EventStore
 
     storage = str(
         pgserver.get_server(postgres_catalog, cleanup_mode="stop").get_uri(database=f"st_{uuid.uuid4().hex[:8]}")

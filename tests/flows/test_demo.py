@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.rounds import FINAL_RESERVE_S, ROUND_OVERHEAD_S, plan_round
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.flows.demo import command_prefix, next_commands
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.flows.demo.main import command_prefix, next_commands
+from prmloop.flows.lab.bench.rounds import FINAL_RESERVE_S, ROUND_OVERHEAD_S, plan_round
+from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import ModelRef
-from prmloop.store.metrics import loop_metrics
-from prmloop.store.registry import model_registered
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.metrics import loop_metrics
+from prmloop.store.tables.registry import model_registered
 
 
 def test_a_round_gets_its_share_of_the_time_left_as_tokens() -> None:
@@ -115,7 +115,7 @@ def test_the_prefix_is_plain_prmloop_only_when_the_shell_finds_this_one(tmp_path
 def test_the_loop_runs_on_transformers_where_the_engine_is_not_ready_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prmloop.flows.loop import Loop, LoopError, LoopSettings
+    from prmloop.flows.loop.driver import Loop, LoopError, LoopSettings
 
     monkeypatch.setenv("PRMLOOP_VLLM_PYTHON", str(tmp_path / "nowhere" / "bin" / "python"))
     said: list[str] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.engine import (
+from prmloop.flows.ops.engine import (
     ENGINE_SERVICES,
     EngineError,
     cpu_dtype,
@@ -169,9 +169,9 @@ def test_the_benchs_dtype_wins_over_the_cpu_default_and_the_variable(
 def test_the_services_get_the_engines_api_key_from_the_environment_never_from_argv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from prmloop.flows.engine import engine_key_environment
+    from prmloop.flows.ops.engine import engine_key_environment
     from prmloop.producers.sampler import SampleSettings
-    from prmloop.store.credentials import load_credentials
+    from prmloop.store.auth.credentials import load_credentials
 
     key = load_credentials(tmp_path).engine_api_key
     assert engine_key_environment(tmp_path) == {"VLLM_API_KEY": key}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_process import prmloop_cli
 
-from prmloop.flows.stack import prefect_api_url
+from prmloop.flows.ops.stack import prefect_api_url
 from prmloop.store.settings import StateSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -89,14 +89,14 @@ def test_no_valid_event_was_dead_lettered(streamed: tuple[Path, dict[str, object
 def test_the_ui_of_the_running_loop_shows_its_retrains_deployments_and_learning_curve(
     streamed: tuple[Path, dict[str, object], str],
 ) -> None:
-    from prmloop.flows.screenshots import find_chromium, latest_artifact_ids, page_text
+    from prmloop.flows.ops.screenshots import find_chromium, latest_artifact_ids, page_text
 
     try:
         find_chromium()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    from prmloop.flows.ui_proxy import authenticating_proxy
-    from prmloop.store.credentials import load_credentials
+    from prmloop.flows.ops.ui_proxy import authenticating_proxy
+    from prmloop.store.auth.credentials import load_credentials
 
     home, _, api = streamed
     assert api, "the loop left no Prefect server running"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
 
 
 @pytest.mark.usefixtures("prefect_api")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from rich.console import Console
 
-from prmloop.flows.output import escape_control, print_rows
+from prmloop.flows.cli.output import escape_control, print_rows
 
 HOSTILE = "ok\x1b[2J\x1b]0;owned\x07\rover\u202eevil[bold red]markup[/] :smile: \\LaTeX{x}\nline2\ttab"
 COLUMNS = ["text", "[red]col[/]", "n"]

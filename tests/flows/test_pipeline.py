@@ -12,13 +12,13 @@ import pytest
 from prmloop.consumers.annotator import AnnotatorSettings, build_annotator, run_annotator
 from prmloop.consumers.scorer import ScorerSettings, run_scorer
 from prmloop.consumers.selector import SelectorSettings, run_selector
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.models.annotation.completer import exact_match
 from prmloop.models.annotation.strategies import annotate
 from prmloop.models.simulator import SimulatedCompleter, SimulatorOptions
 from prmloop.producers.simulated import simulated_events, simulated_solution_id
-from prmloop.store.broker import EmbeddedBroker
 from prmloop.store.events import StepsLabeled, StepsScored
-from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ import pytest
 from cli_process import prmloop_cli
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.flows.prefect_home import isolate_prefect_state
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.credentials import load_credentials
-from prmloop.store.duck import EventStore
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.prefect_home import isolate_prefect_state
+from prmloop.store.auth.credentials import load_credentials
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
 
 _prmloop = prmloop_cli
 

@@ -10,7 +10,7 @@ from pathlib import Path
 _PROBE = """
 import sys
 from pathlib import Path
-from prmloop.flows.prefect_home import isolate_prefect_state
+from prmloop.flows.ops.prefect_home import isolate_prefect_state
 assert "prefect" not in sys.modules
 with isolate_prefect_state(Path(sys.argv[1])) as where:
     from prefect.settings import get_current_settings
@@ -48,7 +48,7 @@ def test_once_prefect_is_imported_temporary_settings_apply(tmp_path: Path) -> No
     import prefect  # noqa: F401
     from prefect.settings import get_current_settings
 
-    from prmloop.flows.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
+    from prmloop.flows.ops.prefect_home import USER_CHOSE_PREFECT, isolate_prefect_state
 
     before = get_current_settings().home
     with isolate_prefect_state(tmp_path) as where:

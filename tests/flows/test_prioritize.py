@@ -17,10 +17,10 @@ from prmloop.producers.events import solution_sampled
 from prmloop.producers.prioritize import PrioritizeSettings, probe_seed
 from prmloop.producers.sampler import SampleSettings
 from prmloop.producers.sources import QuestionFileError, load_source
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
 from prmloop.store.events import Envelope, ModelRef, QuestionPrioritized
-from prmloop.store.queue import queued_questions
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.queue import queued_questions
 
 
 def _store(store: EventStore, events: list[Envelope], topic: str) -> None:

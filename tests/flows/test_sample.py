@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from prmloop.producers.sampler import SampleSettings
-from prmloop.store.codec import decode_event
 from prmloop.store.events import Envelope, SolutionSampled
+from prmloop.store.events.codec import decode_event
 
 if TYPE_CHECKING:
     from prmloop.models.backends.registry import BackendConfig
@@ -32,7 +32,7 @@ def read_events(servers: str, topics: Sequence[str], question_ids: set[str]) -> 
     """Every record of ``topics`` about ``question_ids``, from the beginning (no consumer group)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from prmloop.store.kafka import consumer_config
+    from prmloop.store.kafka.producer import consumer_config
     from prmloop.store.settings import KafkaSettings
 
     consumer = KafkaConsumer(**consumer_config(KafkaSettings(), servers, group_id=None))

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from cli_process import prmloop_cli
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.flows.stack import read_state, running_services
-from prmloop.store.broker_file import read_broker_file
-from prmloop.store.duck import StoreLocked, query
-from prmloop.store.follow import read_links
-from prmloop.store.kafka import EventProducer
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.stack import read_state, running_services
+from prmloop.store.kafka.broker_file import read_broker_file
+from prmloop.store.kafka.follow import read_links
+from prmloop.store.kafka.producer import EventProducer
 from prmloop.store.settings import StateSettings
+from prmloop.store.tables.duck import StoreLocked, query
 
 _prmloop = prmloop_cli
 
@@ -103,7 +103,7 @@ def test_prefect_server_and_served_deployments(tmp_path: Path) -> None:
             "        print(names)\n"
             "asyncio.run(main())\n"
         )
-        from prmloop.store.credentials import load_credentials
+        from prmloop.store.auth.credentials import load_credentials
 
         # The server asks for the credentials' auth string (issue 39): a client without it gets 401.
         env = {
@@ -127,9 +127,9 @@ def test_screenshots_of_the_prefect_ui_show_the_loop(tmp_path: Path) -> None:
     import shutil
 
     from prmloop.consumers.sink import events_to_arrow
-    from prmloop.flows.bench.synthetic import synthetic_events
-    from prmloop.store.consumer import ConsumedEvent
-    from prmloop.store.duck import EventStore
+    from prmloop.flows.lab.bench.synthetic import synthetic_events
+    from prmloop.store.kafka.runtime import ConsumedEvent
+    from prmloop.store.tables.duck import EventStore
 
     if shutil.which("chromium") is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
@@ -262,9 +262,9 @@ def test_sigterm_to_a_command_stops_the_process_it_started(tmp_path: Path) -> No
     """No command leaves a process behind when it is stopped: `prmloop sql` runs its query in a process of
     its own; SIGTERM to the command (while the query runs) ends that process too."""
     from prmloop.consumers.sink import events_to_arrow
-    from prmloop.flows.bench.synthetic import synthetic_events
-    from prmloop.store.consumer import ConsumedEvent
-    from prmloop.store.duck import EventStore
+    from prmloop.flows.lab.bench.synthetic import synthetic_events
+    from prmloop.store.kafka.runtime import ConsumedEvent
+    from prmloop.store.tables.duck import EventStore
 
     store = EventStore(tmp_path / "prmloop.duckdb")
     store.write_batch(

@@ -10,14 +10,14 @@ import pytest
 from pydantic import ValidationError
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.loop import Loop, LoopSettings, QuestionStream, Retrain, sampled_indices
-from prmloop.flows.loop_view import LoopView, curve_lines, curve_png, progress_line, snapshot
-from prmloop.flows.loop_watch import METER_BUCKET_S as BUCKET_S
-from prmloop.flows.loop_watch import EngineMeter, overlap
+from prmloop.flows.loop.driver import Loop, LoopSettings, QuestionStream, Retrain, sampled_indices
+from prmloop.flows.loop.view import LoopView, curve_lines, curve_png, progress_line, snapshot
+from prmloop.flows.loop.watch import METER_BUCKET_S as BUCKET_S
+from prmloop.flows.loop.watch import EngineMeter, overlap
 from prmloop.producers.arith import arith_question
 from prmloop.producers.events import question_registered
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
 
 
 def test_levels_are_read_from_a_list_and_refused_outside_the_curriculum() -> None:
@@ -101,9 +101,9 @@ def test_without_a_terminal_the_view_prints_a_line_every_half_minute(tmp_path: P
 
 
 def test_the_watch_counts_labels_and_stages_as_they_arrive(kafka_bootstrap: str) -> None:
-    from prmloop.flows.bench.synthetic import synthetic_events
-    from prmloop.flows.loop_watch import BUCKET_S, RECENT_S, EventWatch
-    from prmloop.store.codec import decode_event, encode_event
+    from prmloop.flows.lab.bench.synthetic import synthetic_events
+    from prmloop.flows.loop.watch import BUCKET_S, RECENT_S, EventWatch
+    from prmloop.store.events.codec import decode_event, encode_event
 
     events = synthetic_events(60, k=2, seed=5)
     by_type: dict[str, list[bytes]] = {}
@@ -153,9 +153,9 @@ def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
 
 
 def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prmloop.flows.engine import service_environment
     from prmloop.flows.feed import FeedSettings
-    from prmloop.flows.loop import _sampling_engine
+    from prmloop.flows.loop.driver import _sampling_engine
+    from prmloop.flows.ops.engine import service_environment
 
     for key, value in service_environment("http://127.0.0.1:1/v1", tmp_path).items():
         monkeypatch.setenv(key, value)
@@ -189,8 +189,8 @@ def test_until_retrains_stops_the_loop_once_that_many_retrains_have_scored(
 
 
 def test_the_pool_sampler_sends_the_running_engines_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prmloop.flows.bench import active_sampling
-    from prmloop.store.credentials import load_credentials
+    from prmloop.flows.pools import sampling as active_sampling
+    from prmloop.store.auth.credentials import load_credentials
 
     monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path))
     monkeypatch.setattr(active_sampling, "_running_engine", lambda: "http://127.0.0.1:1/v1")

@@ -179,7 +179,7 @@ def test_a_score_file_of_another_pool_is_refused(shared_data_dir: Path, private_
 
 
 def test_eval_aggregate_writes_table_fit_and_plots(shared_data_dir: Path, private_cache: Path, tmp_path: Path) -> None:
-    from prmloop.flows.evals.aggregate import eval_aggregate
+    from prmloop.flows.lab.evals.aggregate import eval_aggregate
 
     out = eval_aggregate(
         shared_data_dir / "bon" / "gsm8k_candidates.jsonl.gz",
@@ -199,7 +199,7 @@ def test_eval_aggregate_writes_table_fit_and_plots(shared_data_dir: Path, privat
 
 
 def test_bench_aggregate_reports_timings_and_identical_selections(shared_data_dir: Path, private_cache: Path) -> None:
-    from prmloop.flows.bench.aggregate import bench_aggregate
+    from prmloop.flows.lab.bench.aggregate import bench_aggregate
 
     out = bench_aggregate(
         shared_data_dir / "bon" / "gsm8k_candidates.jsonl.gz", limit=40, repeats=1, calibration_size=15

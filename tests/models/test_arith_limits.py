@@ -21,7 +21,7 @@ from prmloop.models.arith.limits import (
     MAX_STEPS,
     ReadingBudget,
 )
-from prmloop.store.limits import DEFAULT_MAX_EVENT_BYTES
+from prmloop.store.events.limits import DEFAULT_MAX_EVENT_BYTES
 
 TOM = ArithChain(
     numbers=(3, 4, 2, 5),

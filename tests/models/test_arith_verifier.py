@@ -8,8 +8,8 @@ from prmloop.consumers.judge import EXACT_JUDGE_NAME, JudgeHandler, JudgeSetting
 from prmloop.models.arith import arith_question_id
 from prmloop.models.arith.curriculum import generate_question
 from prmloop.models.arith.verifier import CHECKER_RULES, ExactVerifier, chain_of
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import Envelope, ModelRef, StepsJudged, StepsScored, make_event
+from prmloop.store.kafka.runtime import ConsumedEvent
 
 
 def _wrong_at(steps: list[str], k: int) -> list[str]:

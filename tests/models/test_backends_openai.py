@@ -1,4 +1,4 @@
-"""Specification of the OpenAI-compatible client against a real HTTP server (prmloop.models.serve).
+"""Specification of the OpenAI-compatible client against a real HTTP server (prmloop.flows.ops.serve).
 
 The server runs the tiny random model in this process on a free port; requests go over TCP.
 """
@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from prmloop.flows.ops.serve import serve_in_thread
 from prmloop.models.backends.base import Generator, SamplingParams, Scorer, TokenIdScorer, Tokenized
 from prmloop.models.backends.openai_backend import (
     OpenAICompatibleBackend,
@@ -18,7 +19,6 @@ from prmloop.models.backends.openai_backend import (
     TokenizedOpenAIBackend,
 )
 from prmloop.models.backends.transformers_backend import TransformersBackend
-from prmloop.models.serve import serve_in_thread
 
 PROMPTS = ["Question: what is 2 + 2?\nAnswer:", "Step 1: Let x be the number of apples. Step 2:"]
 SERVED = "tiny-served"

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from prmloop.flows.ops.serve import serve_in_thread
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.embedded import smollm2_gguf_path
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
@@ -22,7 +23,6 @@ from prmloop.models.backends.registry import BACKENDS, BackendConfig, build_back
 from prmloop.models.backends.transformers_backend import TransformersBackend
 from prmloop.models.grading import GradeOutcome, grade
 from prmloop.models.prompts import render_chat, solution_messages
-from prmloop.models.serve import serve_in_thread
 from prmloop.models.steps import split_completion
 
 
@@ -105,7 +105,7 @@ def test_smollm2_served_over_http_returns_the_same_logprobs(
 
 @pytest.mark.integration
 def test_the_server_command_serves_smollm2_on_a_free_port(smollm2_backend: TransformersBackend) -> None:
-    command = [sys.executable, "-m", "prmloop.models.serve", "--port", "0", "--num-threads", "1"]
+    command = [sys.executable, "-m", "prmloop.flows.ops.serve", "--port", "0", "--num-threads", "1"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None

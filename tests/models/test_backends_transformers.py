@@ -190,7 +190,7 @@ def test_generate_refuses_a_bare_string(tiny_backend: TransformersBackend) -> No
 
 
 def test_bench_generate_compares_wrapper_and_raw_on_the_same_prompts(tiny_backend: TransformersBackend) -> None:
-    from prmloop.flows.bench.generate import bench_generate
+    from prmloop.flows.lab.bench.generate import bench_generate
 
     result = bench_generate(True, backend=tiny_backend, n_prompts=2, max_new_tokens=4, n_rollouts=2)
     assert result["raw_tokens"] == result["wrapper_tokens"] == 8, "same seed and settings: the same tokens"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prmloop.flows.bench.annotate import bench_annotate
+from prmloop.flows.lab.bench.annotate import bench_annotate
 from prmloop.models.annotation.completer import Completer
 from prmloop.models.simulator import (
     SimulatedCompleter,

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from prmloop.flows.engine import engine_environment
-from prmloop.flows.stack import down, read_state, service_report, up
+from prmloop.flows.ops.engine import engine_environment
+from prmloop.flows.ops.stack import down, read_state, service_report, up
 from prmloop.models.backends.base import SamplingParams, Tokenized
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, TokenizedOpenAIBackend
 from prmloop.models.backends.registry import build_backend
-from prmloop.store.credentials import load_credentials
+from prmloop.store.auth.credentials import load_credentials
 from prmloop.store.settings import StateSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
@@ -185,11 +185,11 @@ def test_teacher_forced_scoring_does_not_cost_rollouts_their_prefix_cache(
 def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSettings], topic_reader: Any) -> None:
     from prmloop.consumers.annotator import AnnotatorSettings, run_annotator
     from prmloop.consumers.scorer import ScorerSettings, run_scorer
+    from prmloop.flows.ops.broker import EmbeddedBroker
     from prmloop.flows.sample import run_sample
     from prmloop.producers.sampler import SampleSettings
-    from prmloop.store.broker import EmbeddedBroker
     from prmloop.store.events import StepsLabeled, StepsScored
-    from prmloop.store.kafka import ensure_topics
+    from prmloop.store.kafka.producer import ensure_topics
 
     url = engine[0]
     served = {"backend": "openai", "model": "smollm2", "base_url": url, "api_key": _key(engine)}
@@ -237,8 +237,8 @@ def test_sample_score_and_annotate_through_the_engine(engine: tuple[str, StateSe
 def test_the_loop_uses_the_running_engine(engine: tuple[str, StateSettings], monkeypatch: pytest.MonkeyPatch) -> None:
     """`prmloop run` (and the demo) with an engine `prmloop up` runs: no second engine, its feeds and
     services are pointed at it (a setting the user exported wins), and the round arm's probe measures it."""
-    from prmloop.flows.bench.rounds_arm import speed_probe
-    from prmloop.flows.loop import Loop, LoopSettings
+    from prmloop.flows.lab.bench.rounds_arm import speed_probe
+    from prmloop.flows.loop.driver import Loop, LoopSettings
     from prmloop.producers.sampler import SampleSettings
 
     url, state = engine

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.broker_file import find_bootstrap_servers
+from prmloop.store.kafka.broker_file import find_bootstrap_servers
 from prmloop.store.ports import port_open
 from prmloop.store.settings import KafkaSettings, StateSettings
 
 SERVE = textwrap.dedent(
     """
     import json, sys
-    from prmloop.store.broker import serve_embedded_broker
+    from prmloop.flows.ops.broker import serve_embedded_broker
     from prmloop.store.settings import StateSettings
 
     def ready(broker):

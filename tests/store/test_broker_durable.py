@@ -2,7 +2,7 @@
 
 A SIGKILLed broker restarted on the same storage serves every record and every committed offset
 again; two brokers on one database are one cluster, and killing the one the clients use mid-stream
-loses nothing: the producer and the consumer runtime move to the other (store/follow.py)."""
+loses nothing: the producer and the consumer runtime move to the other (store/kafka/follow.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.consumer import ConsumerRuntime
-from prmloop.store.follow import BrokerWatch
-from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.broker import EmbeddedBroker
+from prmloop.store.events.topics import EVENT_TOPICS, all_topic_specs
+from prmloop.store.kafka.follow import BrokerWatch
+from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
+from prmloop.store.kafka.records import ConsumedEvent
+from prmloop.store.kafka.runtime import ConsumerRuntime
 from prmloop.store.ports import free_port, port_open
-from prmloop.store.records import ConsumedEvent
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import EVENT_TOPICS, all_topic_specs
 
 
 @pytest.fixture
@@ -39,8 +39,8 @@ class SignedRequests(httpx.Auth):
     """AWS Signature Version 4 with the gateway's key (the credentials of this session's home)."""
 
     def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
-        from prmloop.store.credentials import load_credentials
-        from prmloop.store.sigv4 import sign_headers
+        from prmloop.store.auth.credentials import load_credentials
+        from prmloop.store.auth.sigv4 import sign_headers
 
         credentials = load_credentials()
         body = request.read()
@@ -135,7 +135,7 @@ def test_the_gateway_updates_objects_only_on_the_version_the_writer_read(storage
     import sys
 
     port = free_port()
-    argv = [sys.executable, "-m", "prmloop.store.objectgate", "--dsn", storage, "--port", str(port)]
+    argv = [sys.executable, "-m", "prmloop.flows.ops.objectgate", "--dsn", storage, "--port", str(port)]
     gateway = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 30

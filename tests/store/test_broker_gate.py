@@ -2,7 +2,7 @@
 
 Reproduced as the issue found it: as another local user (``nobody``), a 15-line standard-library
 DeleteTopics request deleted ``steps.judged`` from a running broker. Tansu cannot authenticate as built
-here (store/brokergate.py says why), so the broker's gate lets through this user's connections alone
+here (flows/ops/broker_gate.py says why), so the broker's gate lets through this user's connections alone
 and Tansu itself listens in a network namespace no other process can reach. Real components: Tansu
 behind the gate, kafka-python, the attack run with ``runuser -u nobody``.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.kafka import ensure_topics
+from prmloop.flows.ops.broker import EmbeddedBroker
+from prmloop.store.kafka.producer import ensure_topics
 
 #: The issue's attack: DeleteTopics v1 for one topic, with nothing but the standard library (15 lines).
 DELETE_TOPIC = """
@@ -69,7 +69,7 @@ def test_the_same_request_from_this_user_is_served(broker: EmbeddedBroker) -> No
     """The attack is a valid request: its own user's copy deletes a scratch topic (the gate is no filter
     on what a request says, only on who sends it)."""
     ensure_topics(broker.bootstrap_servers, [])
-    from prmloop.store.topics import TopicSpec
+    from prmloop.store.events.topics import TopicSpec
 
     ensure_topics(broker.bootstrap_servers, [TopicSpec("scratch", 1)])
     assert "scratch" in _topics(broker.bootstrap_servers)

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prmloop.store.codec import (
+from prmloop.store.events import CalibrationFitted, QuestionRegistered, make_event
+from prmloop.store.events.codec import (
     DecodeError,
     EventTooDeep,
     EventTooLarge,
@@ -22,8 +23,12 @@ from prmloop.store.codec import (
     decode_stored_form,
     encode_event,
 )
-from prmloop.store.events import CalibrationFitted, QuestionRegistered, make_event
-from prmloop.store.limits import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_JSON_DEPTH, event_limits, json_depth_exceeds
+from prmloop.store.events.limits import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    event_limits,
+    json_depth_exceeds,
+)
 
 
 def _question(problem: str = "2+2?") -> bytes:

@@ -13,12 +13,12 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import QuestionRegistered, make_event
-from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import TopicSpec, dlq_topic
 
 
 def _topic(partitions: int, servers: str) -> str:
@@ -330,7 +330,7 @@ def test_a_reader_past_an_end_the_broker_undercounts_does_not_read_again(
             quiet_since.append(time.monotonic())
         return bool(quiet_since) and time.monotonic() - quiet_since[0] > 9  # past four checks, 2 s apart
 
-    with caplog.at_level("WARNING", logger="prmloop.store.stall"):
+    with caplog.at_level("WARNING", logger="prmloop.store.kafka.stall"):
         _run_until(runtime, until, timeout_s=90)
     tp = TopicPartition(topic, 0)
     probe = KafkaConsumer(**consumer_config(KafkaSettings(), kafka_bootstrap, group_id=None))

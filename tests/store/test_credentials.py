@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.credentials import CREDENTIALS_FILE, ROLES, CredentialsError, load_credentials
+from prmloop.store.auth.credentials import CREDENTIALS_FILE, ROLES, CredentialsError, load_credentials
 
 
 def _mode(path: Path) -> int:
@@ -50,7 +50,7 @@ from pathlib import Path
 start = Path(sys.argv[2])
 while not start.exists():
     time.sleep(0.001)
-from prmloop.store.credentials import load_credentials
+from prmloop.store.auth.credentials import load_credentials
 print(json.dumps(dict(load_credentials(Path(sys.argv[1])).secrets)))
 """
 

@@ -12,14 +12,14 @@ from kafka import KafkaProducer
 from typer.testing import CliRunner
 
 from prmloop.flows.cli import app
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumerRuntime
-from prmloop.store.deadletter import dead_letter_summary
-from prmloop.store.duck import EventStore
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import QuestionRegistered, make_event
-from prmloop.store.kafka import ensure_topics
-from prmloop.store.topics import EVENT_TOPICS, dlq_topic
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import EVENT_TOPICS, dlq_topic
+from prmloop.store.kafka.deadletter import dead_letter_summary
+from prmloop.store.kafka.producer import ensure_topics
+from prmloop.store.kafka.runtime import ConsumerRuntime
+from prmloop.store.tables.duck import EventStore
 
 LABELED, JUDGED = "steps.labeled", "steps.judged"
 

@@ -13,20 +13,7 @@ import duckdb
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import (
-    EventStore,
-    QueryError,
-    ReadOnlyViolation,
-    StoreLocked,
-    check_read_only,
-    open_reader,
-    open_writer,
-    query,
-    store_health,
-)
+from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import (
     Envelope,
     LabelsAccepted,
@@ -39,7 +26,20 @@ from prmloop.store.events import (
     deterministic_event_id,
     make_event,
 )
-from prmloop.store.lake import LakeEventStore, open_lake
+from prmloop.store.events.codec import encode_event
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import (
+    EventStore,
+    QueryError,
+    ReadOnlyViolation,
+    StoreLocked,
+    check_read_only,
+    open_reader,
+    open_writer,
+    query,
+    store_health,
+)
+from prmloop.store.tables.lake import LakeEventStore, open_lake
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 

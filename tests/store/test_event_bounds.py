@@ -21,10 +21,6 @@ from hypothesis import strategies as st
 from pydantic import AllowInfNan, AwareDatetime, BaseModel, ValidationError
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.store.bounds import INT32_MAX, INT64_MAX, INT64_MIN, TIME_MAX, TIME_MIN, JsonData
-from prmloop.store.codec import DecodeError, UndeliverableEvent, decode_stored_form, encode_event
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, StoreLocation, open_reader, open_writer, store_health
 from prmloop.store.events import (
     PAYLOAD_TYPES,
     CostLedger,
@@ -38,9 +34,13 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
-from prmloop.store.export import export_views, exportable
-from prmloop.store.lake import LakeEventStore
-from prmloop.store.metrics import loop_metrics
+from prmloop.store.events.bounds import INT32_MAX, INT64_MAX, INT64_MIN, TIME_MAX, TIME_MIN, JsonData
+from prmloop.store.events.codec import DecodeError, UndeliverableEvent, decode_stored_form, encode_event
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore, StoreLocation, open_reader, open_writer, store_health
+from prmloop.store.tables.export import export_views, exportable
+from prmloop.store.tables.lake import LakeEventStore
+from prmloop.store.tables.metrics import loop_metrics
 
 # ------------------------------------------------------------------------------ refused at publish
 

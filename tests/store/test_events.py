@@ -10,9 +10,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store import codec
-from prmloop.store.codec import (
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.events import (
+    QuestionRegistered,
+    StepsLabeled,
+    UnknownFieldError,
+    codec,
+    deterministic_event_id,
+    make_event,
+)
+from prmloop.store.events.codec import (
     DecodeError,
     UnknownSchemaVersion,
     decode_event,
@@ -20,8 +27,7 @@ from prmloop.store.codec import (
     encode_event,
     upcaster,
 )
-from prmloop.store.events import QuestionRegistered, StepsLabeled, UnknownFieldError, deterministic_event_id, make_event
-from prmloop.store.topics import EVENT_TOPICS, TOPIC_OF
+from prmloop.store.events.topics import EVENT_TOPICS, TOPIC_OF
 
 
 def _question(**extra: Any) -> QuestionRegistered:

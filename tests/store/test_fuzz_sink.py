@@ -26,14 +26,14 @@ from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from prmloop.consumers.sink import run_sink
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.codec import encode_event
-from prmloop.store.duck import query
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
-from prmloop.store.kafka import consumer_config, ensure_topics
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import EVENT_TOPICS, dlq_topic
+from prmloop.store.kafka.producer import consumer_config, ensure_topics
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import EVENT_TOPICS, dlq_topic
+from prmloop.store.tables.duck import query
 
 EXAMPLES = 100
 

@@ -14,9 +14,9 @@ import uuid
 
 from kafka import KafkaConsumer
 
-from prmloop.store.kafka import consumer_config, ensure_topics, without_leave_group
+from prmloop.store.events.topics import TopicSpec
+from prmloop.store.kafka.producer import consumer_config, ensure_topics, without_leave_group
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import TopicSpec
 
 PARTITIONS = 4
 SESSION_MS = 6_000

@@ -18,10 +18,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
 from prmloop.consumers.sink import SinkStats, run_sink
-from prmloop.store.broker import EmbeddedBroker
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime, RuntimeStats
-from prmloop.store.duck import query, store_exists, store_health
+from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -32,13 +29,16 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
-from prmloop.store.export import export_views
-from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics
-from prmloop.store.lake import LakeStore
-from prmloop.store.limits import DLQ_TRUNCATED_BYTES
-from prmloop.store.metrics import loop_metrics
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.limits import DLQ_TRUNCATED_BYTES
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime, RuntimeStats
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.tables.duck import query, store_exists, store_health
+from prmloop.store.tables.export import export_views
+from prmloop.store.tables.lake import LakeStore
+from prmloop.store.tables.metrics import loop_metrics
 
 
 @pytest.fixture(scope="module")

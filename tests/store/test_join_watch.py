@@ -1,4 +1,4 @@
-"""A member whose join of its group does not finish joins again as a new member (store/stall.py).
+"""A member whose join of its group does not finish joins again as a new member (store/kafka/stall.py).
 
 Seen in the chaos test (a CI run, then here): after the cluster's PostgreSQL came back, both consensus
 members read nothing for ten minutes while 80 solutions waited, one caught inside kafka-python's join,
@@ -16,13 +16,13 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent, ConsumerRuntime
 from prmloop.store.events import QuestionRegistered, make_event
-from prmloop.store.kafka import EventProducer, consumer_config, ensure_topics, without_leave_group
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics, without_leave_group
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime
+from prmloop.store.kafka.stall import JoinListener, StallWatch
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.stall import JoinListener, StallWatch
-from prmloop.store.topics import TopicSpec, dlq_topic
 
 
 def test_a_join_counts_as_hung_only_after_the_watch_s_seconds_and_not_once_partitions_came() -> None:
@@ -101,7 +101,7 @@ def test_a_runtime_whose_join_is_held_up_rejoins_as_a_new_member_and_reads_every
             holder.close(autocommit=False)  # silently: the broker expires it after its session
         return len(set(seen)) >= 6 or time.monotonic() - began > 90
 
-    with caplog.at_level(logging.WARNING, logger="prmloop.store.consumer"):
+    with caplog.at_level(logging.WARNING, logger="prmloop.store.kafka.runtime"):
         runtime.run(until=until, install_signal_handlers=False)
     hung = [r.getMessage() for r in caplog.records if "join of the group has not finished" in r.getMessage()]
     assert hung, f"the held-up join was never noticed: {[r.getMessage() for r in caplog.records]}"

@@ -18,14 +18,14 @@ import pytest
 from typer.testing import CliRunner
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.cli import app
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, locate, open_writer, query
+from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import Envelope
-from prmloop.store.export import export_views
-from prmloop.store.lake import LakeError, LakeEventStore, LakeStore, compact, open_lake, parse_lake
-from prmloop.store.lake_catalog import release_local_postgres
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore, locate, open_writer, query
+from prmloop.store.tables.export import export_views
+from prmloop.store.tables.lake import LakeError, LakeEventStore, LakeStore, compact, open_lake, parse_lake
+from prmloop.store.tables.lake_catalog import release_local_postgres
 
 
 def consumed(events: list[Envelope], partition: int = 0, start: int = 0) -> list[ConsumedEvent]:
@@ -173,7 +173,7 @@ def test_readers_never_draw_a_progress_bar_on_stdout(lake_store: LakeStore, tmp_
     file_store = tmp_path / "store.duckdb"
     duckdb.connect(str(file_store)).close()
     script = (
-        "import sys\nfrom prmloop.store.duck import query\n"
+        "import sys\nfrom prmloop.store.tables.duck import query\n"
         "for store in sys.argv[1:]:\n"
         "    print(query(store, \"SELECT current_setting('enable_progress_bar')\").rows[0][0])\n"
     )
@@ -248,7 +248,7 @@ def test_sinks_attaching_a_new_lake_at_once_all_attach(lake_store: LakeStore, tm
 
     script = (
         "import os, sys, time\n"
-        "from prmloop.store.duck import open_writer\n"
+        "from prmloop.store.tables.duck import open_writer\n"
         "open(sys.argv[2] + '.' + str(os.getpid()), 'w').close()\n"
         "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
         "open_writer(sys.argv[1]).close()\n"

@@ -8,7 +8,7 @@ transaction (its rows registered on the connection) when the kill lands, every t
 What went wrong before (found by killing PostgreSQL under a writer 25 times in a row): a failed batch
 left its views registered on the connection when its clean-up failed, and every later batch failed
 with "View with name incoming already exists" for good; and closing a connection whose database a
-fatal error had invalidated aborted the whole process (store/lake.py: ``release``).
+fatal error had invalidated aborted the whole process (store/tables/lake.py: ``release``).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 
 from prmloop.consumers.sink import Sink
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store import duck
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.credentials import SINK_ROLE, load_credentials
-from prmloop.store.duck import open_writer, query
-from prmloop.store.lake import LakeEventStore, LakeStore
-from prmloop.store.poison import is_transient
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.postgres import postgres_bin_dir, wait_ready
+from prmloop.store.auth.credentials import SINK_ROLE, load_credentials
+from prmloop.store.kafka.poison import is_transient
+from prmloop.store.kafka.runtime import ConsumedEvent
 from prmloop.store.ports import free_port
-from prmloop.store.postgres import postgres_bin_dir, wait_ready
+from prmloop.store.tables import duck
+from prmloop.store.tables.duck import open_writer, query
+from prmloop.store.tables.lake import LakeEventStore, LakeStore
 
 
 class Catalog:
@@ -46,7 +46,7 @@ class Catalog:
 
     def start(self) -> None:
         code = (
-            "from pathlib import Path; from prmloop.store.postgres import serve_postgres; "
+            "from pathlib import Path; from prmloop.flows.ops.postgres import serve_postgres; "
             f"serve_postgres(Path({str(self.folder / 'pg')!r}), {self.port}, ['lake'], "
             f"log=Path({str(self.folder / 'postgres.log')!r}))"
         )

@@ -1,4 +1,4 @@
-"""Loop metrics (store/metrics.py) and consumer lag (store/lag.py) on a real DuckDB file and broker."""
+"""Loop metrics (store/tables/metrics.py) and consumer lag (store/kafka/lag.py) on a real DuckDB file and broker."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, query
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.auth.signing import sign
 from prmloop.store.events import (
     LabelsAccepted,
     LabelsRejected,
@@ -22,9 +21,10 @@ from prmloop.store.events import (
     StepsLabeled,
     make_event,
 )
-from prmloop.store.lag import consumer_lag
-from prmloop.store.metrics import label_quality, loop_metrics
-from prmloop.store.signing import sign
+from prmloop.store.kafka.lag import consumer_lag
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore, query
+from prmloop.store.tables.metrics import label_quality, loop_metrics
 
 
 @pytest.fixture

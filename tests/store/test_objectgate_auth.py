@@ -20,13 +20,13 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.broker import BUCKET, EmbeddedBroker
-from prmloop.store.credentials import load_credentials
-from prmloop.store.kafka import EventProducer, ensure_topics
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.flows.ops.broker import BUCKET, EmbeddedBroker
+from prmloop.store.auth.credentials import load_credentials
+from prmloop.store.auth.sigv4 import check, sign_headers
+from prmloop.store.events.topics import all_topic_specs
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
 from prmloop.store.ports import free_port, port_open
-from prmloop.store.sigv4 import check, sign_headers
-from prmloop.store.topics import all_topic_specs
 
 
 def _signed(method: str, url: str, body: bytes = b"", **changes: object) -> dict[str, str]:
@@ -47,7 +47,7 @@ def storage(postgres_catalog: str) -> str:
 @pytest.fixture
 def gateway(storage: str) -> Iterator[str]:
     port = free_port()
-    argv = [sys.executable, "-m", "prmloop.store.objectgate", "--dsn", storage, "--port", str(port)]
+    argv = [sys.executable, "-m", "prmloop.flows.ops.objectgate", "--dsn", storage, "--port", str(port)]
     process = subprocess.Popen(argv)
     try:
         deadline = time.monotonic() + 30

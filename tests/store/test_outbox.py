@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.codec import EventTooLarge, UndeliverableEvent
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
-from prmloop.store.kafka import EventProducer
-from prmloop.store.limits import event_limits
-from prmloop.store.outbox import Outbox, scan_segment, segment_summary, segments
-from prmloop.store.reconcile import reconcile
+from prmloop.store.events.codec import EventTooLarge, UndeliverableEvent
+from prmloop.store.events.limits import event_limits
+from prmloop.store.kafka.outbox import Outbox, scan_segment, segment_summary, segments
+from prmloop.store.kafka.producer import EventProducer
+from prmloop.store.kafka.reconcile import reconcile
 
 
 def question(problem: str, qid: str | None = None) -> Envelope:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import duckdb
 from kafka.errors import KafkaTimeoutError
 
-from prmloop.store.consumer import TransientError, is_transient
-from prmloop.store.duck import StoreLocked
+from prmloop.store.kafka.runtime import TransientError, is_transient
+from prmloop.store.tables.duck import StoreLocked
 
 
 class APIConnectionError(Exception):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.store.credentials import ADMIN_ROLE, READER_ROLE, ROLES, SINK_ROLE, load_credentials
-from prmloop.store.pg_auth import HBA
+from prmloop.flows.ops.postgres import postgres_bin_dir, wait_ready
+from prmloop.store.auth.credentials import ADMIN_ROLE, READER_ROLE, ROLES, SINK_ROLE, load_credentials
+from prmloop.store.auth.pg_auth import HBA
 from prmloop.store.ports import free_port
-from prmloop.store.postgres import postgres_bin_dir, wait_ready
 
 PSQL = str(postgres_bin_dir() / "psql")
 
@@ -152,7 +152,7 @@ def test_only_the_administration_role_is_superuser_and_the_sinks_role_cannot_rea
 
 
 def test_a_cluster_an_older_prmloop_made_with_trust_asks_for_passwords_once_restarted(tmp_path: Path) -> None:
-    from prmloop.store.postgres import _as_user, _demote
+    from prmloop.flows.ops.postgres import _as_user, _demote
 
     home, port = tmp_path / "home", free_port()
     data = home / "postgres"
@@ -183,8 +183,8 @@ def test_a_cluster_an_older_prmloop_made_with_trust_asks_for_passwords_once_rest
 def test_a_local_lakes_pgserver_catalog_asks_for_passwords_and_its_sinks_are_not_superusers(
     open_dir: Path, as_nobody: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
-    from prmloop.store.lake import parse_lake
-    from prmloop.store.lake_catalog import conninfo, lake_credentials, release_local_postgres
+    from prmloop.store.tables.lake import parse_lake
+    from prmloop.store.tables.lake_catalog import conninfo, lake_credentials, release_local_postgres
 
     lake = parse_lake(f"ducklake:pgserver:{open_dir}/lake", default_data_path=open_dir / "data")
     writer = conninfo(lake)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from prmloop.store.records import collected_between_batches
+from prmloop.store.kafka.records import collected_between_batches
 
 
 class _Node:

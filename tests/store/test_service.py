@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent
 from prmloop.store.events import QuestionRegistered, make_event
-from prmloop.store.kafka import EventProducer, ensure_topics
-from prmloop.store.service import run_service
-from prmloop.store.topics import TopicSpec, dlq_topic
+from prmloop.store.events.codec import encode_event
+from prmloop.store.events.topics import TopicSpec, dlq_topic
+from prmloop.store.kafka.producer import EventProducer, ensure_topics
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.kafka.service import run_service
 
 
 def _topic_with(servers: str, count: int) -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from prmloop.store.auth.signing import sign, signature_status
 from prmloop.store.events import CalibrationFitted
-from prmloop.store.signing import sign, signature_status
 
 KEY = b"k" * 32
 

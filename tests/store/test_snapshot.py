@@ -13,15 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
 from prmloop.flows.datasets import import_rows
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, query
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.auth.signing import sign
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
-from prmloop.store.metrics import loop_metrics
-from prmloop.store.registry import current_model, model_registered, should_promote
-from prmloop.store.signing import sign
-from prmloop.store.snapshot import SPLITS, load_snapshot, select_labels, split_of, write_snapshot
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore, query
+from prmloop.store.tables.metrics import loop_metrics
+from prmloop.store.tables.registry import current_model, model_registered, should_promote
+from prmloop.store.tables.snapshot import SPLITS, load_snapshot, select_labels, split_of, write_snapshot
 
 
 def _store(path: Path, events: list) -> Path:

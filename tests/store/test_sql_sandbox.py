@@ -20,9 +20,9 @@ import duckdb
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.bench.synthetic import synthetic_events
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import (
+from prmloop.flows.lab.bench.synthetic import synthetic_events
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import (
     EventStore,
     QueryError,
     ReadOnlyViolation,
@@ -32,9 +32,9 @@ from prmloop.store.duck import (
     open_writer,
     query,
 )
-from prmloop.store.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, extension_file, open_lake
-from prmloop.store.lake_catalog import READER_ROLE, reader_conninfo, release_local_postgres
-from prmloop.store.sql_guard import READING_DUCKLAKE_FUNCTIONS
+from prmloop.store.tables.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, extension_file, open_lake
+from prmloop.store.tables.lake_catalog import READER_ROLE, reader_conninfo, release_local_postgres
+from prmloop.store.tables.sql_guard import READING_DUCKLAKE_FUNCTIONS
 
 N_EVENTS = 60
 READ_PASSWD = "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/passwd'') AS f')"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.store.codec import encode_event
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore, QueryError, ReadOnlyViolation, check_read_only, query, store_health
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
+from prmloop.store.events.codec import encode_event
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore, QueryError, ReadOnlyViolation, check_read_only, query, store_health
 
 
 def question(qid: str, problem: str = "2+2?", event_id: uuid.UUID | None = None) -> Envelope:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prmloop.flows.bench import active
-from prmloop.flows.bench.active import ActiveSettings, _summarise, _take
+from prmloop.flows.lab.bench import active
+from prmloop.flows.lab.bench.active import ActiveSettings, _summarise, _take
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.pool import PoolItem, example_of, held_out_f1, split_pool
 
@@ -136,7 +136,7 @@ def test_the_reference_held_out_set_pairs_each_question_with_a_corrupted_copy() 
 
 
 def test_an_mc_label_is_checked_against_the_questions_own_answer() -> None:
-    from prmloop.flows.bench.active_pools import _gold
+    from prmloop.flows.pools.build import _gold
     from prmloop.models.arith import arith_question_id, generate_question
 
     item = _item("x", 0)

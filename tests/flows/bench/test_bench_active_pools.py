@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from prmloop.flows.bench import active, active_pools
-from prmloop.flows.bench.active import ActiveSettings
-from prmloop.flows.bench.active_pools import build_pool, read_lines
-from prmloop.flows.bench.active_run import OverBudget, bench_active
-from prmloop.flows.bench.active_sampling import Sampler, describe_cost, estimate_pool, record_speed, speed
+from prmloop.flows.lab.bench import active
+from prmloop.flows.lab.bench.active import ActiveSettings
+from prmloop.flows.lab.bench.active_run import OverBudget, bench_active
+from prmloop.flows.pools import build as active_pools
+from prmloop.flows.pools.build import build_pool, read_lines
+from prmloop.flows.pools.sampling import Sampler, describe_cost, estimate_pool, record_speed, speed
 from prmloop.models.arith import arith_question_id, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS

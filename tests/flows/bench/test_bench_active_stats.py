@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prmloop.flows.bench.active_stats import bootstrap_interval, compare_arms, t_interval
+from prmloop.flows.lab.bench.active_stats import bootstrap_interval, compare_arms, t_interval
 
 
 def test_the_t_interval_of_three_paired_differences_by_hand() -> None:

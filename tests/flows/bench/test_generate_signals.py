@@ -49,7 +49,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_sigterm_to_bench_generate_leaves_no_vllm_server(tmp_path: Path) -> None:
-    from prmloop.flows.engine import engine_unavailable
+    from prmloop.flows.ops.engine import engine_unavailable
 
     reason = engine_unavailable()
     if reason is not None:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from prmloop.flows.bench.loop import LoopBenchSettings, bench_loop, simulate_arm
 from prmloop.flows.cli import app
+from prmloop.flows.lab.bench.loop import LoopBenchSettings, bench_loop, simulate_arm
 
 
 def test_arms_spend_the_budget_and_count_consistently() -> None:
@@ -58,7 +58,7 @@ def test_command_prints_one_json_line_with_both_arms() -> None:
 
 
 def test_f1_at_equal_tokens_is_the_newest_retrain_within_the_budget() -> None:
-    from prmloop.flows.bench.loop_real import f1_at_tokens
+    from prmloop.flows.lab.bench.loop_real import f1_at_tokens
 
     curve = [
         {"f1": 0.2, "tokens": 1_000},
@@ -72,7 +72,7 @@ def test_f1_at_equal_tokens_is_the_newest_retrain_within_the_budget() -> None:
 
 
 def test_the_ratios_compare_per_minute_and_per_token() -> None:
-    from prmloop.flows.bench.loop_real import _ratios
+    from prmloop.flows.lab.bench.loop_real import _ratios
 
     out: dict[str, Any] = {
         "streaming": {
@@ -99,8 +99,8 @@ def test_real_mode_refuses_an_unknown_arm() -> None:
 
 
 def test_every_arm_knows_the_engines_key_and_prefects_auth_string(tmp_path: Any) -> None:
-    from prmloop.flows.bench.loop_real import share_credentials
-    from prmloop.store.credentials import load_credentials
+    from prmloop.flows.lab.bench.loop_real import share_credentials
+    from prmloop.store.auth.credentials import load_credentials
 
     source, arm = tmp_path / "home", tmp_path / "home" / "bench" / "loop" / "streaming"
     share_credentials(source, arm)
@@ -112,7 +112,7 @@ def test_every_arm_knows_the_engines_key_and_prefects_auth_string(tmp_path: Any)
 def test_the_rounds_arm_takes_the_streaming_arms_levels_in_turn() -> None:
     """Seen: the rounds arm sampled level 1 only while the streaming arms sampled levels 1 and 2, so its
     labels cost fewer tokens and the comparison favoured it."""
-    from prmloop.flows.bench.rounds import DemoSettings
+    from prmloop.flows.lab.bench.rounds import DemoSettings
 
     assert [DemoSettings(levels=(1, 2)).level_of(i) for i in range(4)] == [1, 2, 1, 2]
     assert [DemoSettings(level=3).level_of(i) for i in range(3)] == [3, 3, 3]
@@ -125,7 +125,7 @@ def test_held_out_features_are_warmed_once_for_every_arm(
     pays for them; an arm's retrain then finds all of them in the cache."""
     from types import SimpleNamespace
 
-    from prmloop.flows.bench.loop_real import warm_features
+    from prmloop.flows.lab.bench.loop_real import warm_features
     from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
 
     spec = FeatureSpec(backbone="smollm2")
@@ -152,7 +152,7 @@ def test_the_json_names_where_in_process_models_run(monkeypatch: pytest.MonkeyPa
 
     import torch
 
-    from prmloop.flows.bench.loop_real import in_process_device
+    from prmloop.flows.lab.bench.loop_real import in_process_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert in_process_device() == f"cpu ({os.cpu_count()} cores)"

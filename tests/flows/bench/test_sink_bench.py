@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from prmloop.flows.bench.sink import bench_sink
-from prmloop.flows.bench.sink_lake import bench_sink_lake
+from prmloop.flows.lab.bench.sink import bench_sink
+from prmloop.flows.lab.bench.sink_lake import bench_sink_lake
 
 
 def test_the_duckdb_bench_stores_everything_once_and_reports_its_rates() -> None:

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prmloop.consumers.annotator import AnnotatorSettings
-from prmloop.flows.evals.annotate_arith import choose_solutions, evaluate_arith, parse_strategies
+from prmloop.flows.lab.evals.annotate_arith import choose_solutions, evaluate_arith, parse_strategies
 from prmloop.models.arith import generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.registry import BACKENDS

@@ -1,4 +1,4 @@
-"""Specification of the arithmetic-curriculum measurement (prmloop.flows.evals.arith).
+"""Specification of the arithmetic-curriculum measurement (prmloop.flows.pools.levels).
 
 A scripted generator pins the arithmetic of the report (which solutions are correct, which errors are
 located); the tiny random Llama of ``tests/conftest.py`` runs the real sampling path end to end.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.evals.arith import measure_arith_levels, recheck, write_report
+from prmloop.flows.pools.levels import measure_arith_levels, recheck, write_report
 from prmloop.models.answers import extract_answer
 from prmloop.models.arith import find_equations, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prmloop.flows.evals.annotate import EvalAnnotateSettings, evaluate_processbench
+from prmloop.flows.lab.evals.annotate import EvalAnnotateSettings, evaluate_processbench
 
 if TYPE_CHECKING:
     from prmloop.models.backends.registry import BackendConfig

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.evals.consensus import consensus_retention
-from prmloop.store.consumer import ConsumedEvent
-from prmloop.store.duck import EventStore
+from prmloop.flows.lab.evals.consensus import consensus_retention
 from prmloop.store.events import Envelope, ModelRef, StepJudgment, StepsJudged, StepsLabeled, make_event
+from prmloop.store.kafka.runtime import ConsumedEvent
+from prmloop.store.tables.duck import EventStore
 
 REF = ModelRef(backend="test", name="test")
 
@@ -64,7 +64,7 @@ def test_retention_falls_as_the_threshold_tightens(db: Path) -> None:
 
 
 def test_step_judgments_are_queryable_with_sql(db: Path) -> None:
-    from prmloop.store.duck import query
+    from prmloop.store.tables.duck import query
 
     rows = query(db, "SELECT solution_id, step_index, has_error, cot_entropy FROM step_judgments ORDER BY 1, 2").rows
     assert rows[:2] == [("s1", 0, False, 0.1), ("s1", 1, True, 0.3)]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prmloop.flows.evals.judge import EvalJudgeSettings, evaluate_judge
+from prmloop.flows.lab.evals.judge import EvalJudgeSettings, evaluate_judge
 from prmloop.models.processbench import read_processbench
 
 if TYPE_CHECKING:

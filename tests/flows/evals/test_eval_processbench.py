@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.evals.processbench import eval_processbench
+from prmloop.flows.lab.evals.processbench import eval_processbench
 from prmloop.models.processbench import read_processbench
 
 

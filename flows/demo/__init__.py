@@ -1,0 +1,1 @@
+"""``prmloop demo``: the streaming loop, time-boxed, on the embedded defaults."""

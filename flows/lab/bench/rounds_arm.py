@@ -1,0 +1,162 @@
+"""The round-based arm of ``prmloop bench loop --real``: today's loop before it streamed, stage after stage.
+
+Each round prioritizes new questions, samples the top of the queue, then runs the scorer, selector,
+annotator, judge and consensus one after the other (each drains its topic until a few seconds idle and
+stops) and retrains the ensemble PRM (:mod:`prmloop.flows.lab.bench.rounds`). Rounds are sized from the
+speed measured so far to fit the wall-clock budget. It runs on the arm's own broker and sink (started
+as ``prmloop up`` starts them, in the arm's home) and the engine the bench shares between its arms, and
+is measured the same way as the streaming arms (:mod:`prmloop.flows.loop.watch`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from prmloop.flows.lab.bench.rounds import DemoSettings, Stages, plan_round, wait_stored
+from prmloop.flows.loop.watch import EngineMeter, EventWatch
+from prmloop.store.settings import KafkaSettings, StateSettings
+
+__all__ = ["run_rounds_arm", "speed_probe"]
+
+
+def speed_probe(threads: int | None, base_url: str | None = None, api_key: str | None = None) -> float:
+    """Tokens per second of the engine the stages will use: transformers in process, or the vLLM
+    engine at ``base_url`` (its API key: ``api_key``, else ``$PRMLOOP_HOME``'s credentials'); batched
+    like the loop's sampling and rollouts (two prompts x 4)."""
+    from prmloop.models.backends.base import SamplingParams
+    from prmloop.models.backends.registry import EngineSettings, build_backend
+
+    if base_url is None:
+        engine = EngineSettings(threads=threads)
+    else:
+        from prmloop.flows.ops.engine import SERVED_MODEL_NAME
+        from prmloop.store.auth.credentials import load_credentials
+
+        key = api_key or load_credentials().engine_api_key
+        engine = EngineSettings(backend="openai", model=SERVED_MODEL_NAME, base_url=base_url, api_key=key)
+    generator = build_backend(engine.backend_config())
+    generator.generate(["Count: 1,"], SamplingParams(n=1, max_new_tokens=4, temperature=0.7, seed=0))  # warm-up
+    started = time.perf_counter()
+    batches = generator.generate(
+        ["Count: 1, 2, 3,", "Tom has 3 apples and buys 2 more."],
+        SamplingParams(n=4, max_new_tokens=24, temperature=0.7, seed=0),
+    )
+    tokens = sum(c.completion_tokens for batch in batches for c in batch)
+    return tokens / max(time.perf_counter() - started, 1e-6)
+
+
+def run_rounds_arm(
+    *,
+    home: Path,
+    budget_s: float,
+    engine_url: str | None,
+    levels: tuple[int, ...] = (1,),
+    rounds: int = 3,
+    eval_set: str = "arith",
+    seed: int = 0,
+    threads: int | None = None,
+    idle_s: float = 3.0,
+    say: Any = print,
+) -> dict[str, Any]:
+    """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``. ``levels``:
+    curriculum levels taken in turn, one per round; ``idle_s``: how long each stage's service waits for
+    more input before the round moves on."""
+    from prmloop.flows.ops.engine import service_environment
+    from prmloop.flows.ops.stack import down, up
+    from prmloop.store.kafka.broker_file import find_bootstrap_servers
+    from prmloop.store.tables.duck import StoreLocked, query
+
+    started = time.monotonic()
+    state = StateSettings(home=home)
+    home.mkdir(parents=True, exist_ok=True)
+    os.environ["PRMLOOP_HOME"] = str(home)
+    if engine_url:
+        for key, value in service_environment(engine_url).items():
+            os.environ.setdefault(key, value)
+    up(["broker", "sink"], state=state, say=say)
+    servers = find_bootstrap_servers(KafkaSettings(), state)
+    assert servers, "the arm's broker did not start"
+    watch = EventWatch(servers, started=started).start()
+    meter = EngineMeter(engine_url, started=started).start() if engine_url else None
+    db = state.db_path
+
+    def stored() -> int:
+        try:
+            return int(query(db, "SELECT count(*) FROM events", timeout_s=5).rows[0][0])
+        except (StoreLocked, FileNotFoundError):
+            return -1
+
+    def left() -> float:
+        return started + budget_s - time.monotonic()
+
+    settings = DemoSettings(home=home, minutes=budget_s / 60, threads=threads, levels=levels, seed=seed, rounds=rounds)
+    stages = Stages(
+        settings,
+        servers,
+        db,
+        home,
+        lambda stage, line: say(f"{stage}: {line}"),
+        stored,
+        left,
+        in_flight=4 if engine_url else 1,
+        eval_set=eval_set,
+        idle_s=idle_s,
+        # Five stages each join their group and drain until idle_s without input, two flow runs: a
+        # round's fixed cost (about 20 s with 1 s drains here).
+        overhead_s=15.0 + 5 * idle_s,
+        reserve_s=0.0,
+    )
+    curve: list[list[float]] = []
+    retrains = 0
+    try:
+        speed = speed_probe(threads, engine_url)
+        measured_tokens, measured_s = 0.0, 0.0
+        for index in range(rounds):
+            rate = (measured_tokens / measured_s) if measured_s > 20 else speed
+            plan = plan_round(rate, left(), rounds - index, overhead_s=stages.overhead_s, reserve_s=0.0)
+            if plan is None:
+                say(f"rounds: round {index + 1} cut ({left():.0f}s left at {rate:.0f} tokens/s)")
+                break
+            result = stages.round(index, rounds, plan)
+            measured_tokens += result["generated_tokens"]
+            measured_s += result["generation_s"]
+            retrained = result["retrain"]
+            if retrained.get("metrics"):
+                retrains += 1
+                curve.append([round(time.monotonic() - started, 1), round(retrained["metrics"]["heldout_f1"], 4)])
+        wait_stored(stored, timeout_s=30)
+    finally:
+        wall = time.monotonic() - started
+        watch.stop()
+        if meter is not None:
+            meter.stop()
+        down(state=state, say=say)
+    totals = watch.snapshot()
+    accepted = totals.accepted
+    tokens = totals.generated_tokens
+    return {
+        "engine": "vllm" if engine_url else "transformers",
+        "wall_s": round(wall, 1),
+        "accepted_labels": accepted,
+        "accepted_with_error": totals.accepted_errors,
+        "rejected_labels": totals.counts["LabelsRejected"],
+        "mc_labels": totals.counts["StepsLabeled"],
+        "solutions": totals.counts["SolutionSampled"],
+        "accepted_per_minute": round(accepted / (wall / 60.0), 3),
+        "generated_tokens": tokens,
+        "engine_generated_tokens": meter.generated_tokens() if meter else None,
+        "accepted_per_1k_tokens": round(1000.0 * accepted / tokens, 3) if tokens else 0.0,
+        "engine_busy_fraction": _round(meter.busy_fraction(since_s=60.0) if meter else None),
+        "engine_busy_fraction_all": _round(meter.busy_fraction() if meter else None),
+        "f1_curve": curve,
+        "retrains": retrains,
+        "stage_overlap": round(totals.stage_overlap(), 3),
+        "reject_reasons": dict(totals.reject_reasons.most_common(5)),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,440 @@
+"""``prmloop run``: the loop as a stream, every service at once on one engine, retraining as labels arrive.
+
+It starts what ``prmloop up`` starts (the machine's vLLM engine where it is ready, the broker, the sink,
+the scorer, selector, annotator, judge and consensus services, the Prefect server and the process
+serving the deployments) and then drives the loop from this process:
+
+- **feeding** (:mod:`prmloop.flows.feed`): whenever fewer than ``ahead`` sampled solutions wait for the
+  annotator (counted exactly: solutions this run published less the annotator group's committed
+  offsets), one ``feed`` flow run probes ``probe_batch`` new questions and tops up the best of the
+  queue (``order=priority``), or samples new questions in the order they come (``order=random``).
+  The backlog never grows past about ``ahead`` plus one feed: backpressure from consumer lag;
+- **retraining**: ``retrain_every`` new accepted labels, or ``retrain_seconds`` with at least one new,
+  start a ``retrain`` flow run of the ensemble PRM on every accepted label, scored on the held-out set
+  (``eval_set``: by default the model's own solutions to questions the loop never samples, with the
+  curriculum checker's exact first errors, made once and cached). A promoted PRM is picked up by the
+  selector (it looks the registry up every few seconds) and by the next feed's prioritizer, without a
+  restart;
+- **calibrating** the aggregation every ``calibrate_minutes`` (a ``calibrate`` flow run);
+- **watching** (:mod:`prmloop.flows.loop.watch`): this run's events as they arrive, the engine's own
+  busy gauge, and the memory of every process; :mod:`prmloop.flows.loop.view` shows them live.
+
+It runs until stopped (Ctrl-C or SIGTERM), for ``minutes``, or until ``until_retrains`` retrains have
+scored on the held-out set (whichever first). Stopping is clean: no new work starts,
+the feed and retrain in flight finish, the model-using services stop with their offsets committed
+(their unfinished solutions are picked up by the next run), and the broker, the sink and the Prefect
+server keep running so that nothing published is lost and the UI stays up (``prmloop down`` stops them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prmloop.flows.loop.report import LoopReport
+from prmloop.flows.loop.settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
+from prmloop.flows.loop.watch import (
+    CommittedOffsets,
+    EngineMeter,
+    EventWatch,
+)
+from prmloop.flows.ops.stack import SERVICES
+from prmloop.models.questions import Question
+from prmloop.store.settings import KafkaSettings, StateSettings
+
+__all__ = ["KEEP_RUNNING", "LOOP_SERVICES", "Loop", "LoopError", "LoopSettings", "QuestionStream"]
+
+log = logging.getLogger(__name__)
+
+#: What the loop starts, in ``prmloop up``'s order (the engine when there is one).
+LOOP_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s != "engine")
+#: Probed questions the driver keeps in its queue at most (the best by priority).
+MAX_QUEUE = 500
+#: What keeps running when the loop stops: nothing published is lost, the UI stays up.
+KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
+
+
+class Loop(LoopReport):
+    """The streaming loop's driver (see the module docstring): :meth:`start`, :meth:`run`, :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: LoopSettings,
+        *,
+        home: Path,
+        say: Callable[[str], None] = print,
+        use_prefect: bool = True,
+        services: tuple[str, ...] = LOOP_SERVICES,
+        engine_url: str | None = None,
+    ) -> None:
+        """``engine_url``: a running vLLM engine to use (the bench's arms share one), else the home's or a
+        new one; ``services``: what to start (the bench shares one Prefect server between its arms)."""
+        self.s = settings
+        self.engine_url = engine_url
+        self.home = home
+        self.say = say
+        self.use_prefect = use_prefect
+        self.services = services
+        self.state = StateSettings(home=home)
+        self.db = self.state.store_location
+        self.status = LoopStatus(home=home)
+        self.started_services: list[str] = []
+        self.servers = ""
+        self.watch: EventWatch | None = None
+        self.meter: EngineMeter | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._queue: dict[str, tuple[float, Question]] = {}
+        self._annotated_at_start = 0
+        self._last_retrain_at = 0.0
+        self._accepted_at_retrain = 0
+        self._committed: CommittedOffsets | None = None
+        self._retry_batch: tuple[list[Question], list[Question]] | None = None
+        self._feed_retry_at = 0.0
+        self._feed_backoff_s = 0.0
+        self.stream = QuestionStream(settings.level_list, settings.seed)
+
+    # -- start ---------------------------------------------------------------------------------------
+    def start(self) -> None:
+        from prmloop.flows.ops.stack import prefect_api_url, read_state, up
+
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.environ["PRMLOOP_HOME"] = str(self.home)
+        for key, value in self.s.service_environment().items():
+            os.environ.setdefault(key, value)
+        wanted = list(self.services)
+        engine_url = self.engine_url or self._engine_url()
+        if engine_url is None and self.start_engine():
+            wanted.insert(0, "engine")
+        if engine_url is not None:
+            self._use_engine(engine_url)
+        if self.s.threads is not None:
+            os.environ.setdefault("PRMLOOP_ENGINE_THREADS", str(self.s.threads))
+        result = up(wanted, state=self.state, say=self.say)
+        self.started_services = list(result["started"])
+        if engine_url is None:
+            record = read_state(self.state, "engine")
+            if record is not None and record.alive and record.url:
+                engine_url = record.url
+                self._use_engine(engine_url)
+        if engine_url is not None:
+            self.status.engine, self.status.engine_url = "vllm", engine_url
+            self.meter = EngineMeter(engine_url, started=self.status.started).start()
+            if self.s.threads is None:
+                import torch
+
+                # The engine has the cores; this process's models (the PRM's backbone: features for the
+                # retrains and the prioritizer) run on one thread beside it, as the services' do.
+                torch.set_num_threads(1)
+        url = prefect_api_url(self.state)
+        if url and self.use_prefect:
+            os.environ["PREFECT_API_URL"] = url
+            self.status.ui = url.removesuffix("/api")
+        from prmloop.store.kafka.broker_file import find_bootstrap_servers
+
+        servers = find_bootstrap_servers(KafkaSettings(), self.state)
+        if not servers:
+            raise LoopError(f"no broker: `prmloop up` did not start one (see {self.home / 'logs' / 'broker.log'})")
+        self.servers = servers
+        self.watch = EventWatch(servers, started=self.status.started).start()
+        self._committed = CommittedOffsets(servers, _annotator_group(), _annotator_topic())
+        self._annotated_at_start = self._committed.total()
+        self.status.accepted_before = _accepted_in_store(self.db)
+        self._accepted_at_retrain = self.status.accepted_before
+        self.stream = QuestionStream(self.s.level_list, self.s.seed, sampled_indices(self.db, self.s.seed))
+        self._background("held-out", self._prepare_heldout)
+
+    def start_engine(self) -> bool:
+        """Whether to start the vLLM engine (none runs): yes where it is ready, unless ``engine`` is
+        transformers; where it is not, ``engine=auto`` says why and goes on with transformers.
+
+        Raises:
+            LoopError: ``engine=vllm`` and vLLM is not ready here.
+        """
+        if self.s.engine == "transformers":
+            return False
+        reason = _engine_unavailable()
+        if reason is None:
+            return True
+        if self.s.engine == "vllm":
+            raise LoopError(f"--engine vllm: the vLLM engine is not available ({reason}); or --engine transformers")
+        self.say(f"engine: vLLM unavailable ({reason}): transformers in each service instead")
+        return False
+
+    def _use_engine(self, url: str) -> None:
+        """Point what starts from here (services, feeds) at the engine, with its API key (this loop's
+        home's credentials); settings the user gave stay."""
+        from prmloop.flows.ops.engine import service_environment
+
+        for key, value in service_environment(url, self.home).items():
+            os.environ.setdefault(key, value)
+
+    def _engine_url(self) -> str | None:
+        from prmloop.flows.ops.stack import read_state
+
+        if self.s.engine == "transformers":
+            return None
+        record = read_state(self.state, "engine")
+        return record.url if record is not None and record.alive and record.url else None
+
+    # -- run -----------------------------------------------------------------------------------------
+    def run(self, on_tick: Callable[[], None] | None = None, tick_s: float = 1.0) -> None:
+        """Drive the loop until :meth:`request_stop`, ``minutes`` or ``until_retrains``; ``on_tick``
+        refreshes a view."""
+        deadline = None if self.s.minutes is None else self.status.started + 60.0 * self.s.minutes
+        next_rss = 0.0
+        every = self.s.calibrate_minutes
+        next_calibration = None if every is None else self.status.started + min(300.0, 60 * every)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                break
+            if self.s.until_retrains is not None and self.scored_retrains() >= self.s.until_retrains:
+                break
+            self._maybe_feed()
+            self._maybe_retrain(now)
+            if next_calibration is not None and now >= next_calibration and not self._busy("calibrate"):
+                self._background("calibrate", self._calibrate)
+                next_calibration = now + 60.0 * (self.s.calibrate_minutes or 30.0)
+            if now >= next_rss:
+                self._sample_rss()
+                next_rss = now + 30.0
+            if on_tick is not None:
+                on_tick()
+            self._stop.wait(tick_s)
+
+    def scored_retrains(self) -> int:
+        """Retrains of this run that trained and scored on the held-out set."""
+        return sum(1 for r in self.status.retrains if r.f1 is not None)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self, *, keep: frozenset[str] = KEEP_RUNNING, wait_s: float = 120.0, grace_s: float = 45.0) -> None:
+        """Let the feed and retrain in flight finish, stop the services this run started (but ``keep``)."""
+        from prmloop.flows.ops.stack import down
+
+        self._stop.set()
+        self.status.stopping = True
+        deadline = time.monotonic() + wait_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._sample_rss()
+        for part in (self.meter, self.watch):
+            if part is not None:
+                part.stop()
+        if self._committed is not None:
+            self._committed.close()
+        stop = [s for s in self.started_services if s not in keep]
+        if stop:
+            # The annotator finishes the solutions in hand (rollouts: seconds each) before it commits.
+            down(stop, state=self.state, say=self.say, grace_s=grace_s)
+
+    # -- feeding -------------------------------------------------------------------------------------
+    def waiting(self) -> int:
+        """Solutions this run published that the annotator has not finished (exact: committed offsets)."""
+        done = self._committed.total() - self._annotated_at_start if self._committed else 0
+        return max(0, self.status.published - done)
+
+    def _maybe_feed(self) -> None:
+        if self._busy("feed") or time.monotonic() < self._feed_retry_at:
+            return
+        self.status.waiting = self.waiting()
+        if self.status.waiting >= self.s.ahead:
+            return
+        probe, top_up = self._retry_batch or self._next_batch()
+        self.status.feed_running = True
+        if self.status.first_feed_at is None:
+            self.status.first_feed_at = self.status.elapsed()
+        self._background("feed", lambda: self._feed(probe, top_up))
+
+    def _next_batch(self) -> tuple[list[Question], list[Question]]:
+        if self.s.order == "random":
+            return [], self.stream.take(self.s.probe_batch)
+        ranked = sorted(self._queue.items(), key=lambda kv: (-kv[1][0], kv[0]))[: self.s.top_up_batch]
+        for question_id, _ in ranked:
+            del self._queue[question_id]
+        return self.stream.take(self.s.probe_batch), [q for _, (_, q) in ranked]
+
+    def _feed(self, probe: list[Question], top_up: list[Question]) -> None:
+        from prmloop.flows.feed import FeedSettings, run_feed
+
+        settings = FeedSettings(
+            **_sampling_engine(),
+            k=self.s.k,
+            probe_k=self.s.probe_k if self.s.order == "priority" else 0,
+            max_new_tokens=self.s.max_new_tokens,
+            seed=self.s.seed,
+            threads=self.s.threads,
+            prm=Path(self.status.prm) if self.status.prm and self.s.order == "priority" else None,
+        )
+        try:
+            out = run_feed(probe, top_up, settings, bootstrap_servers=self.servers, prefect=self.use_prefect)
+        except Exception:
+            # The same questions again later (the engine may be restarting): 10 s, then twice as long, up to 2 min.
+            self._retry_batch = (probe, top_up)
+            self._feed_backoff_s = min(120.0, 2 * self._feed_backoff_s) if self._feed_backoff_s else 10.0
+            self._feed_retry_at = time.monotonic() + self._feed_backoff_s
+            raise
+        finally:
+            self.status.feed_running = False
+        self._retry_batch, self._feed_backoff_s = None, 0.0
+        by_id = {q.id: q for q in probe}
+        for row in out["probed"]:
+            question = by_id.get(row["question_id"])
+            if question is not None:
+                self._queue[question.id] = (float(row["priority"]), question)
+        if len(self._queue) > MAX_QUEUE:  # a run of days keeps the best; the rest would never be topped up
+            kept = sorted(self._queue.items(), key=lambda kv: -kv[1][0])[:MAX_QUEUE]
+            self._queue = dict(kept)
+        self.status.published += int(out["solutions"])
+        self.status.feeds += 1
+        self.status.queue = len(self._queue)
+
+    # -- retraining ----------------------------------------------------------------------------------
+    def accepted(self) -> int:
+        """Accepted labels in the store: before this run, and this run's as they arrive."""
+        seen = self.watch.snapshot().counts["LabelsAccepted"] if self.watch else 0
+        return self.status.accepted_before + seen
+
+    def _maybe_retrain(self, now: float) -> None:
+        if self._busy("retrain"):
+            return
+        accepted = self.accepted()
+        new = accepted - self._accepted_at_retrain
+        if accepted < self.s.min_labels or new < 1:
+            return
+        since = now - max(self._last_retrain_at, self.status.started)
+        if new >= self.s.retrain_every or since >= self.s.retrain_seconds:
+            self._accepted_at_retrain = accepted
+            self._last_retrain_at = now
+            self.status.retraining = True
+            self._background("retrain", lambda: self._retrain(accepted))
+
+    def _retrain(self, accepted: int) -> None:
+        from prmloop.flows.retrain import run_retrain
+        from prmloop.models.prm.model import PRMConfig
+
+        started = time.monotonic()
+        tokens = self.watch.snapshot().generated_tokens if self.watch else 0
+        time.sleep(2.0)  # the sink stores the newest accepted labels within a batch or two
+        try:
+            summary = run_retrain(
+                prefect=self.use_prefect,
+                db=str(self.db),
+                kind="accepted",
+                prm_kind="ensemble",
+                eval_set=self.s.eval_set,
+                eval_limit=self.s.eval_questions,
+                out_dir=str(self.home / "prm"),
+                min_examples=1,
+                ratios=(1.0, 0.0, 0.0),
+                config=PRMConfig(threads=1),
+                bootstrap_servers=self.servers,
+            )
+        finally:
+            self.status.retraining = False
+        at = started - self.status.started
+        wall = time.monotonic() - started
+        if not summary.get("trained"):
+            reason = str(summary.get("reason"))
+            self.status.retrains.append(Retrain(at, accepted, None, False, None, wall, reason, tokens))
+            return
+        metrics = summary["metrics"]
+        f1 = float(metrics.get("heldout_f1", 0.0))
+        trained_on = int(metrics.get("train_solutions", accepted))
+        promoted = bool(summary["promoted"])
+        self.status.retrains.append(
+            Retrain(at + wall, trained_on, f1, promoted, summary["model_id"], wall, None, tokens)
+        )
+        if summary["promoted"]:
+            self.status.prm = summary["artifact"]
+        self.publish_progress()
+
+    def publish_progress(self) -> None:
+        """The monitor's artifacts and the learning curve's picture, as each retrain lands (the UI shows
+        the loop learning while it runs)."""
+        if not self.use_prefect:
+            return
+        from prmloop.flows.loop.view import curve_png
+        from prmloop.flows.monitor import monitor, publish_curve
+
+        monitor(str(self.db))
+        png = curve_png(self.status.retrains, self.home / "loop" / "learning-curve.png")
+        if png is not None:
+            publish_curve(png, self.result())
+
+    def _prepare_heldout(self) -> None:
+        from prmloop.flows.retrain_ensemble import eval_items
+
+        eval_items(self.s.eval_set, limit=self.s.eval_questions, threads=self.s.threads)
+
+    def _calibrate(self) -> None:
+        from prmloop.flows.calibrate import calibrate_and_publish
+
+        if calibrate_and_publish(self.home, self.servers, say=self.say):
+            self.status.calibrations += 1
+
+    # -- plumbing ------------------------------------------------------------------------------------
+    def _background(self, name: str, work: Callable[[], None]) -> None:
+        def guarded() -> None:
+            try:
+                work()
+            except Exception as exc:  # one failed job is reported, the loop goes on
+                self.status.last_error = f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                log.exception("%s failed", name)
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def unfinished(self) -> list[str]:
+        """The driver's jobs still running (after :meth:`stop`: the ones it gave up waiting for)."""
+        return [t.name for t in self._threads if t.is_alive()]
+
+    def _busy(self, name: str) -> bool:
+        return any(t.name == name and t.is_alive() for t in self._threads)
+
+
+def _engine_unavailable() -> str | None:
+    from prmloop.flows.ops.engine import engine_unavailable
+
+    return engine_unavailable()
+
+
+def _sampling_engine() -> dict[str, Any]:
+    """The sampler's engine as ``up`` set it for the services (``PRMLOOP_SAMPLE_*``), its API key included."""
+    out: dict[str, Any] = {}
+    for key in ("backend", "model", "base_url", "api_key"):
+        value = os.environ.get(f"PRMLOOP_SAMPLE_{key.upper()}")
+        if value:
+            out[key] = value
+    return out
+
+
+def _annotator_group() -> str:
+    from prmloop.consumers.annotator import AnnotatorSettings
+
+    return AnnotatorSettings().group
+
+
+def _annotator_topic() -> str:
+    from prmloop.consumers.annotator import AnnotatorSettings
+
+    return AnnotatorSettings().topic
+
+
+def _accepted_in_store(db: Path | str) -> int:
+    from prmloop.store.tables.duck import QueryError, StoreLocked, query, store_exists
+
+    if not store_exists(db):
+        return 0
+    try:
+        return int(query(db, "SELECT count(*) FROM consensus WHERE decision = 'accepted'", timeout_s=30).rows[0][0])
+    except (QueryError, StoreLocked, FileNotFoundError):
+        return 0

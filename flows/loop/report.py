@@ -1,0 +1,90 @@
+"""What a run of the streaming loop measured: each process's memory and CPU, sampled as it runs, and
+the run's figures (:meth:`LoopReport.result`) that the view's summary, the demo, the bench and the
+soak report."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from prmloop.flows.loop.watch import cpu_seconds, rss_mib, rss_summary
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from prmloop.flows.loop.settings import LoopSettings, LoopStatus
+    from prmloop.flows.loop.watch import EngineMeter, EventWatch
+    from prmloop.store.settings import StateSettings
+
+__all__ = ["LoopReport"]
+
+
+class LoopReport:
+    """The measuring half of :class:`~prmloop.flows.loop.driver.Loop` (which it is mixed into)."""
+
+    s: LoopSettings
+    home: Path
+    state: StateSettings
+    status: LoopStatus
+    meter: EngineMeter | None
+    watch: EventWatch | None
+
+    def _sample_rss(self) -> None:
+        from prmloop.flows.ops.stack import running_services
+
+        at = self.status.elapsed()
+        for name, record in running_services(self.state).items():
+            rss = rss_mib(record.pid)
+            if rss is not None:
+                self.status.rss.setdefault(name, []).append((round(at, 1), rss))
+            cpu = cpu_seconds(record.pid)
+            if cpu is not None:
+                self.status.cpu_s[name] = cpu
+        own = rss_mib(os.getpid(), descendants=False)  # the services it started are counted on their own
+        if own is not None:
+            self.status.rss.setdefault("driver", []).append((round(at, 1), own))
+        own_cpu = cpu_seconds(os.getpid(), descendants=False)
+        if own_cpu is not None:
+            self.status.cpu_s["driver"] = own_cpu
+
+    # -- results -------------------------------------------------------------------------------------
+    def result(self, warm_up_s: float = 60.0) -> dict[str, Any]:
+        """The run in figures: what the bench, the demo's summary and the soak report. The engine's busy
+        fraction "after warm-up" counts from ``warm_up_s`` after the first feed began."""
+        wall = self.status.elapsed()
+        totals = self.watch.snapshot() if self.watch else None
+        accepted = totals.accepted if totals else 0
+        tokens = totals.generated_tokens if totals else 0
+        engine_tokens = self.meter.generated_tokens() if self.meter else None
+        trained = [r for r in self.status.retrains if r.f1 is not None]
+        warm = (self.status.first_feed_at or 0.0) + warm_up_s
+        return {
+            "engine": self.status.engine,
+            "wall_s": round(wall, 1),
+            "accepted_labels": accepted,
+            "accepted_with_error": totals.accepted_errors if totals else 0,
+            "rejected_labels": totals.counts["LabelsRejected"] if totals else 0,
+            "mc_labels": totals.counts["StepsLabeled"] if totals else 0,
+            "solutions": totals.counts["SolutionSampled"] if totals else 0,
+            "accepted_per_minute": round(accepted / (wall / 60.0), 3) if wall > 0 else 0.0,
+            "generated_tokens": tokens,
+            "engine_generated_tokens": engine_tokens,
+            "accepted_per_1k_tokens": round(1000.0 * accepted / tokens, 3) if tokens else 0.0,
+            "engine_busy_fraction": _round(self.meter.busy_fraction(since_s=warm) if self.meter else None),
+            "engine_busy_fraction_all": _round(self.meter.busy_fraction() if self.meter else None),
+            "prefix_cache_hit_rate": _round(self.meter.prefix_cache_hit_rate() if self.meter else None),
+            "f1_curve": [[round(r.at_s, 1), round(r.f1, 4)] for r in trained if r.f1 is not None],
+            "retrains": [r.__dict__ for r in self.status.retrains],
+            "feeds": self.status.feeds,
+            "stage_overlap": round(totals.stage_overlap(), 3) if totals else 0.0,
+            "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
+            "rss_mib": self.status.rss,
+            "rss_summary": rss_summary(self.status.rss),
+            "cpu_s": dict(self.status.cpu_s),
+            "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
+            "errors": [self.status.last_error] if self.status.last_error else [],
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -1,0 +1,182 @@
+"""What the streaming loop is told and what it knows: its settings (``prmloop run``'s options), the
+stream of new questions, where a later run goes on, and the status its view and results read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prmloop.models.questions import Question
+
+__all__ = ["LoopError", "LoopSettings", "LoopStatus", "QuestionStream", "Retrain", "sampled_indices"]
+
+
+class LoopError(RuntimeError):
+    """The loop cannot run as asked (one line, said to the user)."""
+
+
+class LoopSettings(BaseSettings):
+    """Options of the streaming loop (``prmloop run``; environment ``PRMLOOP_LOOP_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="PRMLOOP_LOOP_", frozen=True, extra="ignore")
+
+    minutes: float | None = Field(
+        default=None, gt=0, description="stop after this many minutes (default: run until stopped)"
+    )
+    until_retrains: int | None = Field(
+        default=None,
+        ge=1,
+        description="stop once this many retrains have scored on the held-out set (with --minutes: whichever first)",
+    )
+    engine: Literal["auto", "vllm", "transformers"] = Field(
+        default="auto", description="auto: the machine's vLLM engine where `make vllm` made it ready, else transformers"
+    )
+    levels: str = Field(default="1,2", description="arith curriculum levels the loop samples, e.g. 1,2")
+    seed: int = Field(default=0, description="question and sampling seed (the held-out set uses another)")
+    order: Literal["priority", "random"] = Field(
+        default="priority", description="priority: probe new questions and top up the best; random: as they come"
+    )
+    k: int = Field(default=4, ge=1, description="solutions per question (its probes among them)")
+    probe_k: int = Field(default=2, ge=1, description="probe samples of each new question (order=priority)")
+    probe_batch: int = Field(default=6, ge=1, description="new questions per feed")
+    top_up_batch: int = Field(default=3, ge=0, description="queued questions topped up per feed (order=priority)")
+    ahead: int = Field(
+        default=12, ge=1, description="sampled solutions waiting for the annotator, at most, before a feed"
+    )
+    retrain_every: int = Field(default=10, ge=1, description="retrain after this many new accepted labels")
+    retrain_seconds: float = Field(default=90.0, gt=0, description="or after this many seconds with a new one")
+    min_labels: int = Field(default=6, ge=1, description="accepted labels before the first retrain")
+    calibrate_minutes: float | None = Field(default=30.0, gt=0, description="calibrate the aggregation this often")
+    eval_set: str = Field(default="arith", description="the retrained PRM's held-out set (arith, arith-reference)")
+    eval_questions: int = Field(default=8, ge=1, description="held-out questions per level")
+    in_flight: int = Field(default=4, ge=1, description="solutions the annotator searches at once")
+    rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
+    max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
+    threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")
+
+    @field_validator("levels", mode="before")
+    @classmethod
+    def _parse_levels(cls, value: object) -> str:
+        items = value if isinstance(value, tuple | list) else str(value).replace(" ", "").split(",")
+        try:
+            levels = [int(v) for v in items if str(v)]
+        except ValueError:
+            levels = []
+        if not levels or any(not 1 <= v <= 5 for v in levels):
+            raise ValueError(f"levels must be curriculum levels 1-5 such as 1,2, not {value!r}")
+        return ",".join(str(v) for v in levels)
+
+    @property
+    def level_list(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.levels.split(","))
+
+    def service_environment(self) -> dict[str, str]:
+        """The services' settings this loop asks for (a variable the user exported wins)."""
+        return {
+            "PRMLOOP_ANNOTATOR_STRATEGY": "adaptive_binary",
+            "PRMLOOP_ANNOTATOR_N0": "4",
+            "PRMLOOP_ANNOTATOR_N_MIN": "2",
+            "PRMLOOP_ANNOTATOR_N_MAX": "8",
+            "PRMLOOP_ANNOTATOR_MAX_NEW_TOKENS": str(self.rollout_tokens),
+            "PRMLOOP_ANNOTATOR_IN_FLIGHT": str(self.in_flight),
+            "PRMLOOP_JUDGE_METHOD": "exact",
+            "PRMLOOP_SELECTOR_REFRESH_S": "5",
+        }
+
+
+class QuestionStream:
+    """New curriculum questions, the levels taken in turn, each level's indices from ``start[level]`` on."""
+
+    def __init__(self, levels: tuple[int, ...], seed: int, start: dict[int, int] | None = None) -> None:
+        self.levels = levels
+        self.seed = seed
+        self.next = {level: (start or {}).get(level, 0) for level in levels}
+        self._turn = 0
+
+    def take(self, n: int) -> list[Question]:
+        from prmloop.models.arith import generate_question
+        from prmloop.producers.arith import arith_question
+
+        out = []
+        for _ in range(n):
+            level = self.levels[self._turn % len(self.levels)]
+            self._turn += 1
+            out.append(arith_question(generate_question(level, self.seed, self.next[level])))
+            self.next[level] += 1
+        return out
+
+
+def sampled_indices(db: Path | str, seed: int) -> dict[int, int]:
+    """Per level, one past the highest question index of ``seed`` the store has seen (a later run goes on)."""
+    from prmloop.store.tables.duck import QueryError, StoreLocked, query, store_exists
+
+    if not store_exists(db):
+        return {}
+    try:
+        rows = query(
+            db,
+            "SELECT DISTINCT question_id FROM questions WHERE question_id LIKE ?",
+            [f"arith/L%/{seed}/%"],
+            timeout_s=30,
+        ).rows
+    except (QueryError, StoreLocked, FileNotFoundError):
+        return {}
+    out: dict[int, int] = {}
+    for (question_id,) in rows:
+        parts = str(question_id).split("/")
+        if len(parts) == 4 and parts[1].startswith("L") and parts[3].isdigit():
+            level = int(parts[1][1:])
+            out[level] = max(out.get(level, 0), int(parts[3]) + 1)
+    return out
+
+
+@dataclass
+class Retrain:
+    """One retrain as the view and the learning curve show it."""
+
+    at_s: float
+    accepted: int
+    f1: float | None
+    promoted: bool
+    model_id: str | None
+    wall_s: float
+    reason: str | None = None
+    #: generated tokens when the retrain started (what its labels cost)
+    tokens: int = 0
+
+
+@dataclass
+class LoopStatus:
+    """What the view shows; updated by the driver's threads."""
+
+    started: float = field(default_factory=time.monotonic)
+    engine: str = "transformers"
+    engine_url: str | None = None
+    ui: str | None = None
+    home: Path | None = None
+    feeds: int = 0
+    #: seconds after start when the first feed began (the engine's warm-up is measured from it)
+    first_feed_at: float | None = None
+    feed_running: bool = False
+    published: int = 0
+    waiting: int = 0
+    queue: int = 0
+    accepted_before: int = 0
+    retrains: list[Retrain] = field(default_factory=list)
+    retraining: bool = False
+    prm: str | None = None
+    calibrations: int = 0
+    last_error: str | None = None
+    stopping: bool = False
+    rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: CPU seconds each process (with its children) has used, at the last sample
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started

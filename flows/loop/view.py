@@ -1,0 +1,188 @@
+"""What a user watches while ``prmloop run`` (and the demo) streams: a live panel on a terminal, a
+progress line every half minute elsewhere (logs, CI, a pipe), and the learning curve at the end.
+
+The panel: time, engine (its busy fraction over the last minute from its own gauge, and its
+generation rate), labels (accepted per minute over the last five minutes and overall, MC labels,
+rejections), the backlog that paces the sampler, and each retrain's held-out F1 as it lands, with
+the PRM in force.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from prmloop.flows.loop.driver import Loop
+    from prmloop.flows.loop.settings import Retrain
+
+__all__ = ["LoopView", "curve_lines", "curve_png", "progress_line"]
+
+
+def _per_minute(times: list[float], now: float, window_s: float) -> float:
+    recent = [t for t in times if t >= now - window_s]
+    span = min(window_s, max(now, 1e-6))
+    return 60.0 * len(recent) / span
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.0f}%"
+
+
+def _model(model_id: str | None) -> str:
+    return (model_id or "-")[:8]
+
+
+def snapshot(loop: Loop) -> dict[str, Any]:
+    """The figures the panel and the progress line show, read once per refresh."""
+    status = loop.status
+    now = status.elapsed()
+    totals = loop.watch.snapshot() if loop.watch else None
+    meter = loop.meter
+    recent = totals.recent_accepted if totals else []
+    return {
+        "elapsed": now,
+        "minutes": loop.s.minutes,
+        "engine": status.engine,
+        "busy_recent": meter.busy_fraction(since_s=now - 60.0) if meter else None,
+        "busy": meter.busy_fraction(since_s=min(60.0, now / 2)) if meter else None,
+        "tokens_per_s": meter.rate(30.0) if meter else None,
+        "accepted": totals.accepted if totals else 0,
+        "accepted_errors": totals.accepted_errors if totals else 0,
+        "per_minute_recent": _per_minute(recent, now, 300.0),
+        "per_minute": 60.0 * (totals.accepted if totals else 0) / max(now, 1e-6),
+        "rejected": totals.counts["LabelsRejected"] if totals else 0,
+        "mc": totals.counts["StepsLabeled"] if totals else 0,
+        "solutions": totals.counts["SolutionSampled"] if totals else 0,
+        "correct": totals.correct_solutions if totals else 0,
+        "tokens": totals.generated_tokens if totals else 0,
+        "waiting": status.waiting,
+        "queue": status.queue,
+        "feeds": status.feeds,
+        "retrains": list(status.retrains),
+        "retraining": status.retraining,
+        "prm": status.prm,
+        "calibrations": status.calibrations,
+        "error": status.last_error,
+        "stopping": status.stopping,
+    }
+
+
+def progress_line(s: dict[str, Any]) -> str:
+    """One line of the figures, for logs and terminals without a panel."""
+    curve = ", ".join(f"{r.f1:.3f}" for r in s["retrains"] if r.f1 is not None) or "none yet"
+    return (
+        f"[{s['elapsed']:5.0f}s] accepted {s['accepted']} ({s['per_minute']:.1f}/min), rejected {s['rejected']}, "
+        f"MC {s['mc']}; solutions {s['solutions']} ({s['correct']} correct), {s['tokens']:,} tokens; "
+        f"engine busy {_pct(s['busy_recent'])}; waiting {s['waiting']}; held-out F1 per retrain: {curve}"
+    )
+
+
+def render(s: dict[str, Any]) -> Group:
+    budget = f" of {s['minutes']:g} min" if s["minutes"] else " (Ctrl-C stops)"
+    head = Text(f"prmloop run: {s['elapsed'] / 60:.1f} min{budget}", style="bold")
+    if s["stopping"]:
+        head.append("  stopping: finishing the work in flight", style="yellow")
+    figures = Table.grid(padding=(0, 2))
+    figures.add_column(style="dim")
+    figures.add_column()
+    rate = f", {s['tokens_per_s']:.0f} tokens/s" if s["tokens_per_s"] is not None else ""
+    figures.add_row("engine", f"{s['engine']}: busy {_pct(s['busy_recent'])} (last minute){rate}")
+    figures.add_row(
+        "labels",
+        f"{s['accepted']} accepted ({s['accepted_errors']} with a first error), {s['per_minute_recent']:.1f}/min "
+        f"(last 5 min), {s['per_minute']:.1f}/min overall; {s['rejected']} rejected; {s['mc']} MC labels",
+    )
+    figures.add_row(
+        "sampling",
+        f"{s['solutions']} solutions ({s['correct']} correct), {s['tokens']:,} generated tokens; {s['feeds']} feeds",
+    )
+    figures.add_row("backlog", f"{s['waiting']} solutions waiting for the annotator; {s['queue']} questions queued")
+    prm = Path(s["prm"]).name if s["prm"] else "none promoted yet"
+    figures.add_row("PRM in force", f"ensemble {prm}" + ("; retraining..." if s["retraining"] else ""))
+    if s["error"]:
+        figures.add_row("last error", Text(s["error"][:160], style="red"))
+    curve = Table("retrain", "at", "labels", "held-out F1", "promoted", box=None, padding=(0, 1))
+    for i, r in enumerate(s["retrains"], start=1):
+        f1 = f"{r.f1:.3f}" if r.f1 is not None else f"- ({r.reason})"
+        curve.add_row(str(i), f"{r.at_s:.0f}s", str(r.accepted), f1, "yes" if r.promoted else "no")
+    return Group(head, figures, curve if s["retrains"] else Text("retrains: none yet", style="dim"))
+
+
+class LoopView:
+    """A live panel on a terminal (``live``), else a progress line every ``every_s`` seconds."""
+
+    def __init__(self, loop: Loop, out: IO[str], *, live: bool | None = None, every_s: float = 30.0) -> None:
+        self.loop = loop
+        self.out = out
+        self.console = Console(file=out, highlight=False)
+        self.live_enabled = self.console.is_terminal if live is None else live
+        self.every_s = every_s
+        self._live: Live | None = None
+        self._last = 0.0
+
+    def __enter__(self) -> LoopView:
+        if self.live_enabled:
+            self._live = Live(render(snapshot(self.loop)), console=self.console, refresh_per_second=2, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(render(snapshot(self.loop)))
+            self._live.__exit__(None, None, None)
+            self._live = None
+        else:
+            self.out.write(progress_line(snapshot(self.loop)) + "\n")
+
+    def tick(self) -> None:
+        figures = snapshot(self.loop)
+        if self._live is not None:
+            self._live.update(render(figures))
+            return
+        if time.monotonic() - self._last >= self.every_s:
+            self._last = time.monotonic()
+            self.out.write(progress_line(figures) + "\n")
+            self.out.flush()
+
+
+def curve_lines(retrains: list[Retrain]) -> list[str]:
+    """The learning curve as a terminal table: one row per retrain."""
+    lines = ["  retrain   at (s)   accepted labels   held-out F1   promoted"]
+    for i, r in enumerate(retrains, start=1):
+        f1 = f"{r.f1:11.3f}" if r.f1 is not None else f"{'-':>11}"
+        lines.append(f"  {i:7d} {r.at_s:8.0f} {r.accepted:17d} {f1}   {'yes' if r.promoted else 'no'}")
+    return lines
+
+
+def curve_png(retrains: list[Retrain], path: Path) -> Path | None:
+    """The learning curve (held-out F1 against accepted labels and time) as a PNG; None without matplotlib."""
+    points = [(r.accepted, r.f1, r.at_s) for r in retrains if r.f1 is not None]
+    if not points:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
+    for labels, f1, at in points:
+        ax.annotate(f"{at / 60:.1f} min", (labels, f1), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_xlabel("accepted labels trained on")
+    ax.set_ylabel("held-out F1")
+    ax.set_ylim(0, 1)
+    ax.set_title("the loop learning: each retrain's ensemble PRM")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,55 @@
+"""The events room: what an event is (:mod:`.payloads`, :mod:`.envelope`), the bounds of its numbers
+(:mod:`.bounds`) and of its size (:mod:`.limits`), its wire form (:mod:`.codec`) and its topic
+(:mod:`.topics`). Importing ``prmloop.store.events`` gives the payload classes and the envelope."""
+
+from prmloop.store.events.envelope import ENVELOPE_ADAPTER, PAYLOAD_TYPES, Envelope, deterministic_event_id, make_event
+from prmloop.store.events.payloads import (
+    CalibrationFitted,
+    CostLedger,
+    LabelsAccepted,
+    LabelsRejected,
+    MCEstimate,
+    ModelRef,
+    ModelRegistered,
+    Payload,
+    QuestionPrioritized,
+    QuestionRegistered,
+    SamplingSpec,
+    SolutionSampled,
+    SolutionSelected,
+    SolutionUncertainty,
+    StepJudgment,
+    StepsJudged,
+    StepsLabeled,
+    StepsScored,
+    UnknownFieldError,
+    scored_to_label,
+)
+
+__all__ = [
+    "ENVELOPE_ADAPTER",
+    "PAYLOAD_TYPES",
+    "CalibrationFitted",
+    "CostLedger",
+    "Envelope",
+    "LabelsAccepted",
+    "LabelsRejected",
+    "MCEstimate",
+    "ModelRef",
+    "ModelRegistered",
+    "Payload",
+    "QuestionPrioritized",
+    "QuestionRegistered",
+    "SamplingSpec",
+    "SolutionSampled",
+    "SolutionSelected",
+    "SolutionUncertainty",
+    "StepJudgment",
+    "StepsJudged",
+    "StepsLabeled",
+    "StepsScored",
+    "UnknownFieldError",
+    "deterministic_event_id",
+    "make_event",
+    "scored_to_label",
+]
