@@ -24,8 +24,9 @@ from prmloop.store.events.topics import EVENT_TOPICS
 from prmloop.store.kafka.records import collected_between_batches
 from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.tables.duck import EVENT_SCHEMA, EventStore, StoreLocation, WriteResult, locate, open_writer
-from prmloop.store.tables.lake import LakeEventStore, LakeStore
+from prmloop.store.tables.duck import EVENT_SCHEMA, StoreLocation, locate, open_writer
+from prmloop.store.tables.lake import LakeStore
+from prmloop.store.tables.writer import EventStore, WriteResult
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Sink:
 
     def __init__(
         self,
-        store: EventStore | LakeEventStore,
+        store: EventStore,
         on_write: Callable[[WriteResult], None] | None = None,
         *,
         after_batch: Callable[[], object] | None = None,

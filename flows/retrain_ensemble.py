@@ -26,7 +26,7 @@ from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import train_ensemble_prm
 from prmloop.models.prm.features import FeatureSpec
-from prmloop.models.prm.pool import PoolItem, held_out_f1, split_pool
+from prmloop.models.prm.pool_items import PoolItem, held_out_f1, split_pool
 from prmloop.store.events import Envelope, ModelRef
 from prmloop.store.settings import StateSettings
 from prmloop.store.tables.registry import PROMOTION_METRIC, current_model, model_registered, should_promote

@@ -41,7 +41,7 @@ _SESSION_HOME = tempfile.mkdtemp(prefix="prmloop-tests-home-")
 os.environ["PRMLOOP_HOME"] = _SESSION_HOME
 atexit.register(shutil.rmtree, _SESSION_HOME, ignore_errors=True)
 
-# Run inside .venv-vllm by tests/models/test_vllm_engine.py: this environment has no vLLM.
+# Run inside .venv-vllm by tests/models/backends/test_vllm_engine.py: this environment has no vLLM.
 collect_ignore = ["vllm_env"]
 
 

@@ -204,7 +204,7 @@ def import_cmd(
 ) -> None:
     """Publish solutions sampled elsewhere (ProcessBench) as questions and `solutions.sampled` events."""
     from prmloop.models.processbench import load_processbench, processbench_subset
-    from prmloop.producers.processbench import processbench_events
+    from prmloop.producers.import_processbench import processbench_events
     from prmloop.store.kafka.producer import EventProducer, ensure_topics
 
     if source != "processbench":

@@ -31,7 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prmloop.models.prm.pool import PoolItem, split_pool
+from prmloop.models.prm.pool_items import PoolItem, split_pool
 
 __all__ = ["ARITH_LEVELS", "POOLS", "PoolWork", "build_pool"]
 

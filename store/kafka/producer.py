@@ -114,7 +114,7 @@ def without_leave_group(consumer: KafkaConsumer) -> KafkaConsumer:
     and from its heartbeat thread when ``poll()`` was not called for ``max_poll_interval_ms``. Seen in
     the chaos test after PostgreSQL's restart: both scorers sat joining the group, with records waiting,
     and new consumers of theirs could not join either. The cost: a stopped member's partitions move
-    after the session timeout (10 s) instead of at once. tests/store/test_group_leave.py shows both.
+    after the session timeout (10 s) instead of at once. tests/store/kafka/test_group_leave.py shows both.
     """
     coordinator = getattr(consumer, "_coordinator", None)
     if coordinator is not None:

@@ -1,6 +1,6 @@
 """Noticing a consumer that stopped fetching while its partitions have records waiting.
 
-Seen in the chaos test (tests/flows/test_cluster_chaos.py) after the cluster's PostgreSQL, the brokers'
+Seen in the chaos test (tests/flows/ops/test_cluster_chaos.py) after the cluster's PostgreSQL, the brokers'
 storage, was killed and restarted: both members of the consensus group stayed in it, heartbeating and
 polling, and fetched nothing for minutes while 179 records waited past the group's committed offsets;
 a rebalance (one member stopped) freed them at once. In the next run both scorers' commits failed

@@ -37,6 +37,7 @@ from prmloop.store.tables.sql_guard import (
     ReadOnlyViolation,  # noqa: F401 - callers catch it from here
     check_read_only,
 )
+from prmloop.store.tables.writer import ROW_SQL, EventStore, WriteResult, ids_unique, stage_sql
 
 #: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/tables/lake.py).
 StoreLocation: TypeAlias = Path | str | LakeStore
@@ -141,40 +142,6 @@ def projection_sql() -> str:
     return resources.files("prmloop.store.tables").joinpath("projections.sql").read_text()
 
 
-@dataclass
-class WriteResult:
-    received: int
-    inserted: int
-    open_wait_s: float
-    write_s: float
-    #: Records of this batch whose event_id is stored with another fact (new rows in ``conflicts``).
-    conflicts: int = 0
-
-
-#: One consumed record as a stored row (the event's columns; the payload cut out of the body by DuckDB).
-_ROW_SQL = """CAST(event_id AS UUID) AS event_id, event_type, schema_version, occurred_at, producer,
-       CAST(causation_id AS UUID) AS causation_id, correlation_id,
-       CAST(json_extract(body, '$.payload') AS JSON) AS payload, topic, kafka_partition, kafka_offset"""
-
-_STAGE_SQL = "CREATE OR REPLACE TEMP TABLE staged AS SELECT " + _ROW_SQL + ", body, {rank} AS rn FROM incoming"
-_RANK_DUPLICATES = "row_number() OVER (PARTITION BY event_id ORDER BY topic, kafka_partition, kafka_offset)"
-
-
-def ids_unique(rows: pa.Table) -> bool:
-    """No event id occurs twice in ``rows`` (counted in Arrow)."""
-    import pyarrow.compute as pc
-
-    return bool(pc.count_distinct(rows.column("event_id")).as_py() == rows.num_rows)
-
-
-def stage_sql(rows: pa.Table, *, unique: bool | None = None) -> str:
-    """The staging statement; the window that ranks repeated event ids only when the batch repeats one
-    (the window is a fifth of the write time otherwise)."""
-    if unique is None:
-        unique = ids_unique(rows)
-    return _STAGE_SQL.format(rank="1" if unique else _RANK_DUPLICATES)
-
-
 _INSERT_SQL = """
 INSERT INTO events
 SELECT s.event_id, s.event_type, s.schema_version, s.occurred_at, s.producer, s.causation_id, s.correlation_id,
@@ -187,7 +154,7 @@ WHERE s.rn = 1 AND s.event_id NOT IN (SELECT event_id FROM events WHERE event_id
 # copied every body once more (measured: a third of the write).
 _DIRECT_INSERT_SQL = f"""
 INSERT INTO events
-SELECT {_ROW_SQL}, ?
+SELECT {ROW_SQL}, ?
 FROM incoming
 WHERE CAST(event_id AS UUID) NOT IN (
     SELECT event_id FROM events WHERE event_id IN (SELECT CAST(event_id AS UUID) FROM incoming))
@@ -207,16 +174,16 @@ QUALIFY row_number() OVER (PARTITION BY s.event_id, sha256({fact_sql("s")})
 """
 
 
-def open_writer(location: StoreLocation) -> EventStore | LakeEventStore:
+def open_writer(location: StoreLocation) -> EventStore:
     """The sink's writer for ``location``: the single-writer DuckDB file, or a DuckLake writer (any
     number of them may write at once)."""
     where = locate(location)
     if isinstance(where, LakeStore):
         return LakeEventStore(where, projection_sql())
-    return EventStore(where)
+    return DuckEventStore(where)
 
 
-class EventStore:
+class DuckEventStore:
     """The writer side. Only the sink uses it; it holds the file only inside :meth:`write_batch`."""
 
     def __init__(self, path: Path, *, lock_timeout_s: float = 600.0) -> None:

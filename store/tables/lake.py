@@ -52,6 +52,7 @@ from prmloop.store.tables.lake_catalog import (
     parse_lake,
     pgserver_folders,
 )
+from prmloop.store.tables.writer import WriteResult, stage_sql
 
 __all__ = [  # with what store/tables/lake_catalog.py defines, re-exported: importers of this module need it
     "ALIAS",
@@ -381,9 +382,7 @@ class LakeEventStore:
             con, self._con = self._con, None
             release(con)
 
-    def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> Any:
-        from prmloop.store.tables.duck import WriteResult, stage_sql
-
+    def write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> WriteResult:
         t0 = time.monotonic()
         conflicts_sql = _conflicts_sql()
         off = pa.table(

@@ -28,7 +28,7 @@ from prmloop.store.events.codec import encode_event
 from prmloop.store.events.topics import TopicSpec, dlq_topic
 from prmloop.store.kafka.producer import EventProducer, ensure_topics
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 from prmloop.store.tables.registry import model_registered
 
 FAST = EnsembleConfig(heads=8, hidden=8, pca_dims=0, epochs=60, learning_rate=2e-2, threads=1)
@@ -74,7 +74,7 @@ def _ensemble(extractor: FeatureExtractor, tmp_path: Path, name: str, seed: int 
     return prm.save(tmp_path / name)
 
 
-def _register(store: EventStore, artifact: Path, offset: int) -> str:
+def _register(store: DuckEventStore, artifact: Path, offset: int) -> str:
     event = model_registered(
         artifact=artifact,
         base_model=ModelRef(backend="transformers", name="tiny"),
@@ -136,7 +136,7 @@ def test_two_rounds_of_selection_on_a_real_broker_and_store(
     kafka_bootstrap: str, extractor: FeatureExtractor, tmp_path: Path, topic_reader: Callable[..., list[Envelope]]
 ) -> None:
     run = uuid.uuid4().hex[:8]
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     store.write_batch(events_to_arrow([]), [])
 
     def loader(path: Path, **kwargs: Any) -> EnsemblePRM:

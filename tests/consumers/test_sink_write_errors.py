@@ -19,7 +19,7 @@ import pytest
 
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.kafka.producer import EventProducer
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 from prmloop.store.tables.lake import LakeStore
 
 
@@ -47,7 +47,7 @@ def test_a_failed_write_logs_its_cause_not_the_rollbacks(
 ) -> None:
     if kind == "duckdb":
         db = tmp_path / "store.duckdb"
-        EventStore(db).close()  # the schema fits; a batch of 3,000 events does not
+        DuckEventStore(db).close()  # the schema fits; a batch of 3,000 events does not
         store, limit = str(db), db.stat().st_size + 256 * 1024
     else:
         lake: LakeStore = request.getfixturevalue("lake_store")

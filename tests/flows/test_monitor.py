@@ -11,7 +11,7 @@ import pytest
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 
 @pytest.mark.usefixtures("prefect_api")
@@ -22,7 +22,7 @@ def test_monitor_publishes_artifacts_with_stable_keys(tmp_path: Path) -> None:
 
     from prmloop.flows.monitor import ARTIFACT_KEYS, monitor
 
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(300, k=4, seed=5)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 300)])
     metrics = monitor(str(store.path))

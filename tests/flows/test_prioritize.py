@@ -19,11 +19,11 @@ from prmloop.producers.sampler import SampleSettings
 from prmloop.producers.sources import QuestionFileError, load_source
 from prmloop.store.events import Envelope, ModelRef, QuestionPrioritized
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 from prmloop.store.tables.queue import queued_questions
 
 
-def _store(store: EventStore, events: list[Envelope], topic: str) -> None:
+def _store(store: DuckEventStore, events: list[Envelope], topic: str) -> None:
     rows = events_to_arrow([ConsumedEvent(e, topic, 0, i, 0) for i, e in enumerate(events)])
     store.write_batch(rows, [(topic, 0, len(events))])
 
@@ -77,7 +77,7 @@ def test_prioritized_questions_are_sampled_highest_first(
     repeated = [e for e in topic_reader(kafka_bootstrap, ["questions.prioritized"]) if e.correlation_id in ids]
     assert {e.event_id for e in repeated} == {e.event_id for e in prioritized}
 
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     _store(store, events, "questions")
     queue = queued_questions(store.path, 10)
     by_priority = sorted(prioritized, key=lambda e: (-e.payload.priority, e.payload.question_id))
@@ -116,7 +116,7 @@ def test_prioritized_questions_are_sampled_highest_first(
 def test_an_empty_queue_and_a_missing_store_say_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="prmloop prioritize"):
         load_source(queue=tmp_path / "none.duckdb")
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     _store(store, [], "x")
     with pytest.raises(QuestionFileError, match=r"queue .* is empty"):
         load_source(queue=store.path)

@@ -9,7 +9,7 @@ import pytest
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 
 @pytest.mark.slow
@@ -18,7 +18,7 @@ def test_retrain_trains_evaluates_and_decides_promotion(tmp_path: Path) -> None:
     from prmloop.flows.retrain import run_retrain
     from prmloop.models.prm.model import PRMConfig
 
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(200, k=4, seed=4)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 200)])
     config = PRMConfig(max_steps=2, batch_size=2, max_length=256, threads=2)

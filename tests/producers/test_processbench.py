@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prmloop.models.processbench import ProcessBenchFileError, load_processbench, read_processbench
-from prmloop.producers.processbench import processbench_events, processbench_question_id
+from prmloop.producers.import_processbench import processbench_events, processbench_question_id
 from prmloop.store.events import QuestionRegistered, SolutionSampled
 
 

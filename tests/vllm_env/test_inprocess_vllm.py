@@ -1,7 +1,7 @@
 """The in-process vLLM backend's contract on the real engine and the embedded SmolLM2.
 
 These run inside ``.venv-vllm`` (vLLM cannot share the project's environment):
-``tests/models/test_vllm_engine.py`` starts them there with ``--noconftest`` (the suite's conftest needs
+``tests/models/backends/test_vllm_engine.py`` starts them there with ``--noconftest`` (the suite's conftest needs
 Kafka and Prefect, which that environment lacks), so the main run does not collect this folder.
 """
 

@@ -43,7 +43,7 @@ from prmloop.models.prm.active import Thresholds, decide, rank_uncertain
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
 from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
-from prmloop.models.prm.pool import PoolItem, example_of, held_out_f1, split_pool
+from prmloop.models.prm.pool_items import PoolItem, example_of, held_out_f1, split_pool
 
 __all__ = ["ARMS", "ActiveSettings", "label_quality", "run_active"]
 

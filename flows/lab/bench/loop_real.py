@@ -99,7 +99,7 @@ def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | 
     from prmloop.models.prm.data import PRMExample
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
-    from prmloop.models.prm.pool import held_out_f1
+    from prmloop.models.prm.pool_items import held_out_f1
     from prmloop.store.tables.snapshot import select_labels
 
     rows = select_labels(db, kind="accepted")

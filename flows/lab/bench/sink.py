@@ -31,7 +31,8 @@ from prmloop.store.events.topics import EVENT_TOPICS
 from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
 from prmloop.store.kafka.runtime import ConsumerRuntime
 from prmloop.store.settings import KafkaSettings
-from prmloop.store.tables.duck import EventStore, StoreLocked, WriteResult, query
+from prmloop.store.tables.duck import DuckEventStore, StoreLocked, query
+from prmloop.store.tables.writer import WriteResult
 
 
 @contextmanager
@@ -222,7 +223,7 @@ def _poison_phase(
         for topic, key, value in pending:
             producer.send_raw(topic, key, value, [])
 
-    store = EventStore(db)
+    store = DuckEventStore(db)
     sink = Sink(store)
     runtime = ConsumerRuntime(
         topics=EVENT_TOPICS,
@@ -272,7 +273,7 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
     writer_waits: list[float] = []
     stop = threading.Event()
 
-    store = EventStore(db)
+    store = DuckEventStore(db)
     sink = Sink(store, on_write=lambda r: writer_waits.append(r.open_wait_s))
     runtime = ConsumerRuntime(
         topics=EVENT_TOPICS,

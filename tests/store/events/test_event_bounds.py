@@ -37,10 +37,11 @@ from prmloop.store.events import (
 from prmloop.store.events.bounds import INT32_MAX, INT64_MAX, INT64_MIN, TIME_MAX, TIME_MIN, JsonData
 from prmloop.store.events.codec import DecodeError, UndeliverableEvent, decode_stored_form, encode_event
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore, StoreLocation, open_reader, open_writer, store_health
+from prmloop.store.tables.duck import DuckEventStore, StoreLocation, open_reader, open_writer, store_health
 from prmloop.store.tables.export import export_views, exportable
 from prmloop.store.tables.lake import LakeEventStore
 from prmloop.store.tables.metrics import loop_metrics
+from prmloop.store.tables.writer import EventStore
 
 # ------------------------------------------------------------------------------ refused at publish
 
@@ -295,7 +296,7 @@ def _export_every_view(location: StoreLocation, out: Path) -> None:
     assert sum(r["rows"] for r in rows if r["view"] == "events") == store_health(location)["events"]
 
 
-def _store_then_read(writer: EventStore | LakeEventStore, events: list[Envelope]) -> None:
+def _store_then_read(writer: EventStore, events: list[Envelope]) -> None:
     """Publish (encode), consume (decode) and store ``events`` as the sink does, then read every view."""
     consumed = []
     for i, drawn in enumerate(events):
@@ -315,7 +316,7 @@ def _store_then_read(writer: EventStore | LakeEventStore, events: list[Envelope]
 def test_any_accepted_event_can_be_stored_read_through_every_view_and_exported(tmp_path: Path) -> None:
     """Each example is stored and read through every view and ``status``; everything stored is then
     exported (once: an export costs a second, a read a tenth)."""
-    writer = EventStore(tmp_path / "store.duckdb")
+    writer = DuckEventStore(tmp_path / "store.duckdb")
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(events=st.lists(accepted_events(), min_size=1, max_size=10))
@@ -352,7 +353,7 @@ def test_the_edges_of_every_bound_are_stored_and_read(tmp_path: Path) -> None:
         make_event(_judged(step_index=INT32_MAX, unparsed=INT32_MAX, p_error=-1.7e308), producer="t"),
         make_event(QuestionPrioritized(question_id="q", priority=5e-324, round=INT32_MAX), producer="t"),
     ]
-    writer = EventStore(tmp_path / "s.duckdb")
+    writer = DuckEventStore(tmp_path / "s.duckdb")
     _store_then_read(writer, events)
     _export_every_view(writer.location, tmp_path / "out")
     with open_reader(writer.location) as (con, _):

@@ -19,7 +19,7 @@ from prmloop.store.events.topics import EVENT_TOPICS, dlq_topic
 from prmloop.store.kafka.deadletter import dead_letter_summary
 from prmloop.store.kafka.producer import ensure_topics
 from prmloop.store.kafka.runtime import ConsumerRuntime
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 LABELED, JUDGED = "steps.labeled", "steps.judged"
 
@@ -81,7 +81,7 @@ def test_counts_are_exact_and_the_newest_error_type_is_named(tmp_path: Path) -> 
         assert (labeled["count"], labeled["newest_error_type"], labeled["newest_consumer"]) == (4, "WrongTopic", "g")
         assert (judged["count"], judged["newest_error_type"]) == (1, "DecodeError")
         assert all(entry == {"count": 0} for entry in summary.values())
-        db = EventStore(tmp_path / "prmloop.duckdb").path
+        db = DuckEventStore(tmp_path / "prmloop.duckdb").path
 
         result = CliRunner().invoke(
             app,

@@ -1,5 +1,5 @@
 """How the stack finds, configures and points services at the machine's vLLM engine (no engine runs
-here: tests/models/test_vllm_engine.py runs the real one)."""
+here: tests/models/backends/test_vllm_engine.py runs the real one)."""
 
 from __future__ import annotations
 

@@ -18,14 +18,14 @@ from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.auth.signing import sign
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore, query
+from prmloop.store.tables.duck import DuckEventStore, query
 from prmloop.store.tables.metrics import loop_metrics
 from prmloop.store.tables.registry import current_model, model_registered, should_promote
 from prmloop.store.tables.snapshot import SPLITS, load_snapshot, select_labels, split_of, write_snapshot
 
 
 def _store(path: Path, events: list) -> Path:
-    store = EventStore(path)
+    store = DuckEventStore(path)
     store.write_batch(
         events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, len(events))]
     )

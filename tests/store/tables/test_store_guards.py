@@ -13,7 +13,14 @@ from prmloop.consumers.sink import events_to_arrow
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
 from prmloop.store.events.codec import encode_event
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore, QueryError, ReadOnlyViolation, check_read_only, query, store_health
+from prmloop.store.tables.duck import (
+    DuckEventStore,
+    QueryError,
+    ReadOnlyViolation,
+    check_read_only,
+    query,
+    store_health,
+)
 
 
 def question(qid: str, problem: str = "2+2?", event_id: uuid.UUID | None = None) -> Envelope:
@@ -27,16 +34,16 @@ def at(event: Envelope, topic: str, partition: int, offset: int) -> ConsumedEven
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> EventStore:
-    return EventStore(tmp_path / "prmloop.duckdb")
+def store(tmp_path: Path) -> DuckEventStore:
+    return DuckEventStore(tmp_path / "prmloop.duckdb")
 
 
-def write(store: EventStore, batch: list[ConsumedEvent]) -> tuple[int, int]:
+def write(store: DuckEventStore, batch: list[ConsumedEvent]) -> tuple[int, int]:
     result = store.write_batch(events_to_arrow(batch), [(c.topic, c.partition, c.offset + 1) for c in batch])
     return result.inserted, result.conflicts
 
 
-def test_a_conflicting_duplicate_is_recorded_and_the_stored_version_kept(store: EventStore) -> None:
+def test_a_conflicting_duplicate_is_recorded_and_the_stored_version_kept(store: DuckEventStore) -> None:
     eid = uuid.uuid4()
     first, other = question("q1", "first", eid), question("q1", "second", eid)
     assert write(store, [at(first, "questions.registered", 0, 5)]) == (1, 0)
@@ -60,18 +67,18 @@ def test_within_a_batch_the_first_by_topic_partition_offset_wins_whatever_the_ar
         ("one", [at(b, "questions.registered", 3, 1), at(a, "questions.registered", 0, 7)]),
         ("two", [at(a, "questions.registered", 0, 7), at(b, "questions.registered", 3, 1)]),
     ):
-        store = EventStore(tmp_path / f"{name}.duckdb")
+        store = DuckEventStore(tmp_path / f"{name}.duckdb")
         assert write(store, batch) == (1, 1)
         assert query(store.path, "SELECT problem FROM questions").rows == [("from partition 0",)]
         assert query(store.path, "SELECT kafka_partition FROM conflicts").rows == [(3,)]
 
 
-def test_equal_content_under_one_id_in_a_batch_is_no_conflict(store: EventStore) -> None:
+def test_equal_content_under_one_id_in_a_batch_is_no_conflict(store: DuckEventStore) -> None:
     e = question("q3")
     assert write(store, [at(e, "questions.registered", p, 1) for p in range(4)]) == (1, 0)
 
 
-def test_store_health_counts_events_and_conflicts(store: EventStore) -> None:
+def test_store_health_counts_events_and_conflicts(store: DuckEventStore) -> None:
     eid = uuid.uuid4()
     write(
         store,
@@ -94,7 +101,7 @@ def test_store_health_counts_events_and_conflicts(store: EventStore) -> None:
         ("SELECT 1; SELECT nope FROM events", "statement 2"),
     ],
 )
-def test_a_failing_query_is_one_line_naming_the_problem(store: EventStore, sql: str, expected: str) -> None:
+def test_a_failing_query_is_one_line_naming_the_problem(store: DuckEventStore, sql: str, expected: str) -> None:
     with pytest.raises(QueryError) as info:
         query(store.path, sql)
     message = str(info.value)
@@ -112,7 +119,7 @@ def test_a_failing_query_is_one_line_naming_the_problem(store: EventStore, sql: 
         "SELECT 1; EXPLAIN ANALYZE COPY (SELECT 1) TO '/tmp/x.csv'",
     ],
 )
-def test_explain_of_anything_but_a_read_is_refused(store: EventStore, sql: str) -> None:
+def test_explain_of_anything_but_a_read_is_refused(store: DuckEventStore, sql: str) -> None:
     with pytest.raises(ReadOnlyViolation, match="EXPLAIN"):
         check_read_only(sql)
     with pytest.raises(ReadOnlyViolation):
@@ -122,9 +129,9 @@ def test_explain_of_anything_but_a_read_is_refused(store: EventStore, sql: str) 
 @pytest.mark.parametrize(
     "sql", ["EXPLAIN SELECT 1", "EXPLAIN ANALYZE SELECT count(*) FROM events", "EXPLAIN FROM events"]
 )
-def test_explain_of_a_read_still_works(store: EventStore, sql: str) -> None:
+def test_explain_of_a_read_still_works(store: DuckEventStore, sql: str) -> None:
     assert query(store.path, sql).rows
 
 
-def test_conflicts_is_queryable_like_any_table(store: EventStore) -> None:
+def test_conflicts_is_queryable_like_any_table(store: DuckEventStore) -> None:
     assert query(store.path, "SELECT count(*) FROM conflicts").rows == [(0,)]

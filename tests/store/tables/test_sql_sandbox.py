@@ -1,6 +1,6 @@
 """``prmloop sql`` reads the store's tables and views and nothing else, on the DuckDB file and on a
 real ``ducklake:pgserver:`` lake (its own PostgreSQL, started here): every case of the DuckDB
-file's refusal suite (tests/store/test_duck.py, test_store_guards.py, tests/flows/test_cli.py) runs
+file's refusal suite (tests/store/tables/test_duck.py, test_store_guards.py, tests/flows/cli/test_cli.py) runs
 against both, with the ways into PostgreSQL a hostile tester found (issue 25.1): ``postgres_query``
 (``pg_read_file``, ``pg_terminate_backend`` of a sink's session) and ``postgres_scan`` to any host.
 Behind the statement check, the lake's readers reach the catalog as a role that may only read."""
@@ -23,7 +23,7 @@ from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.kafka.runtime import ConsumedEvent
 from prmloop.store.tables.duck import (
-    EventStore,
+    DuckEventStore,
     QueryError,
     ReadOnlyViolation,
     StoreLocation,
@@ -67,7 +67,7 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stores]:
     home = tmp_path_factory.mktemp("sandbox")
     events = synthetic_events(N_EVENTS, k=2)
     rows = events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)])
-    EventStore(home / "store.duckdb").write_batch(rows, [("t", 0, N_EVENTS)])
+    DuckEventStore(home / "store.duckdb").write_batch(rows, [("t", 0, N_EVENTS)])
     with pytest.MonkeyPatch.context() as env:
         env.setenv("PRMLOOP_HOME", str(home))
         lake = locate(f"ducklake:pgserver:{home}/lake")

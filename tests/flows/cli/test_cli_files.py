@@ -18,7 +18,7 @@ from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.cli import main
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 
 def run_main(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -45,7 +45,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(60, k=2)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 60)])
     return store.path

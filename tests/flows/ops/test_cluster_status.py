@@ -96,12 +96,12 @@ def test_status_gives_up_on_a_broker_whose_storage_died(
 
     from prmloop.flows.ops.broker import EmbeddedBroker
     from prmloop.store.kafka.producer import ensure_topics
-    from prmloop.store.tables.duck import EventStore
+    from prmloop.store.tables.duck import DuckEventStore
 
     storage = str(
         pgserver.get_server(postgres_catalog, cleanup_mode="stop").get_uri(database=f"st_{uuid.uuid4().hex[:8]}")
     )
-    EventStore(tmp_path / "store.duckdb").close()
+    DuckEventStore(tmp_path / "store.duckdb").close()
     monkeypatch.setenv("PRMLOOP_HOME", str(tmp_path / "home"))
     with EmbeddedBroker(storage=storage) as broker:
         ensure_topics(broker.bootstrap_servers)

@@ -23,7 +23,7 @@ from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.flows.ops.prefect_home import isolate_prefect_state
 from prmloop.store.auth.credentials import load_credentials
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 _prmloop = prmloop_cli
 
@@ -82,7 +82,7 @@ def test_prmloop_processes_give_prefect_the_auth_string_for_server_and_client(tm
 @pytest.mark.slow
 def test_a_flow_run_on_the_ephemeral_api_works_with_auth_on_both_sides(tmp_path: Path) -> None:
     """No server runs: the flow's ephemeral API is started with the auth string, and its client sends it."""
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(40, k=2, seed=3)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 40)])
     store.close()

@@ -10,7 +10,7 @@ from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.evals.consensus import consensus_retention
 from prmloop.store.events import Envelope, ModelRef, StepJudgment, StepsJudged, StepsLabeled, make_event
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 REF = ModelRef(backend="test", name="test")
 
@@ -49,7 +49,7 @@ def db(tmp_path: Path) -> Path:
         _judged("s3", 3, None, [0.1, 0.5, 0.2]),  # both "no error"; largest entropy 0.5
         _labeled("s4", 3, 0),  # never judged: not counted
     ]
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 7)])
     return store.path
 

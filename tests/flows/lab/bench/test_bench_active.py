@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prmloop.flows.lab.bench import active
 from prmloop.flows.lab.bench.active import ActiveSettings, _summarise, _take
 from prmloop.models.prm.ensemble import EnsembleConfig
-from prmloop.models.prm.pool import PoolItem, example_of, held_out_f1, split_pool
+from prmloop.models.prm.pool_items import PoolItem, example_of, held_out_f1, split_pool
 
 
 def _item(key: str, first_error: int, *, label: int | None = None, cost: float = 1.0, steps: int = 3) -> PoolItem:

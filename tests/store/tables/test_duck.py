@@ -29,7 +29,7 @@ from prmloop.store.events import (
 from prmloop.store.events.codec import encode_event
 from prmloop.store.kafka.runtime import ConsumedEvent
 from prmloop.store.tables.duck import (
-    EventStore,
+    DuckEventStore,
     QueryError,
     ReadOnlyViolation,
     StoreLocked,
@@ -40,6 +40,7 @@ from prmloop.store.tables.duck import (
     store_health,
 )
 from prmloop.store.tables.lake import LakeEventStore, open_lake
+from prmloop.store.tables.writer import EventStore
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 
@@ -48,15 +49,15 @@ def consumed(events: list[Envelope], topic: str = "t", partition: int = 0) -> li
     return [ConsumedEvent(e, topic, partition, i, 0) for i, e in enumerate(events)]
 
 
-def write(store: EventStore | LakeEventStore, events: list[Envelope]) -> int:
+def write(store: EventStore, events: list[Envelope]) -> int:
     return store.write_batch(events_to_arrow(consumed(events)), [("t", 0, len(events))]).inserted
 
 
 @pytest.fixture(params=["duckdb", "ducklake"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore | LakeEventStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore]:
     """The same tests on both stores: the DuckDB file and a DuckLake with a PostgreSQL catalog."""
     if request.param == "duckdb":
-        yield EventStore(tmp_path / "prmloop.duckdb")
+        yield DuckEventStore(tmp_path / "prmloop.duckdb")
         return
     writer = open_writer(request.getfixturevalue("lake_store"))
     assert isinstance(writer, LakeEventStore)
@@ -65,12 +66,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EventStore
 
 
 @pytest.fixture
-def duck_store(tmp_path: Path) -> EventStore:
+def duck_store(tmp_path: Path) -> DuckEventStore:
     """The DuckDB file only: its single-writer lock is what these tests are about."""
-    return EventStore(tmp_path / "prmloop.duckdb")
+    return DuckEventStore(tmp_path / "prmloop.duckdb")
 
 
-def test_a_batch_written_twice_is_stored_once(store: EventStore | LakeEventStore) -> None:
+def test_a_batch_written_twice_is_stored_once(store: EventStore) -> None:
     events = synthetic_events(200, k=2)
     assert write(store, events) == 200
     assert write(store, events) == 0
@@ -79,12 +80,12 @@ def test_a_batch_written_twice_is_stored_once(store: EventStore | LakeEventStore
     assert rows == [(200, 200)]
 
 
-def test_duplicates_inside_one_batch_are_stored_once(store: EventStore | LakeEventStore) -> None:
+def test_duplicates_inside_one_batch_are_stored_once(store: EventStore) -> None:
     events = synthetic_events(10, k=1)
     assert write(store, events + events) == 10
 
 
-def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore | LakeEventStore) -> None:
+def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore) -> None:
     events = synthetic_events(5, k=1)
     store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 42)])
     store.write_batch(events_to_arrow(consumed(events, "solutions.sampled", 2)), [("solutions.sampled", 2, 47)])
@@ -93,7 +94,7 @@ def test_consumed_offsets_are_recorded_with_the_batch(store: EventStore | LakeEv
 
 
 def test_the_same_fact_from_another_producer_is_a_redelivery_not_a_conflict(
-    store: EventStore | LakeEventStore,
+    store: EventStore,
 ) -> None:
     """What `make demo` does: `sample` and `prioritize` both register a question under its
     deterministic id; only the envelope's producer, time and cause differ."""
@@ -122,7 +123,7 @@ def test_the_same_fact_from_another_producer_is_a_redelivery_not_a_conflict(
 
 
 def test_conflict_rows_an_older_sink_kept_for_a_mere_redelivery_are_dropped_at_start(
-    store: EventStore | LakeEventStore,
+    store: EventStore,
 ) -> None:
     """Stores written before a redelivery stopped counting as a conflict hold such rows: the next
     writer to open the store removes them (and only them)."""
@@ -140,10 +141,10 @@ def test_conflict_rows_an_older_sink_kept_for_a_mere_redelivery_are_dropped_at_s
         "INSERT INTO conflicts (event_id, event_type, topic, kafka_partition, kafka_offset, body, body_sha256, "
         "stored_sha256, detected_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
     )
-    if isinstance(store, EventStore):
+    if isinstance(store, DuckEventStore):
         with duckdb.connect(str(store.path)) as con:
             con.executemany(insert, rows)
-        reopened: EventStore | LakeEventStore = EventStore(store.path)
+        reopened: EventStore = DuckEventStore(store.path)
     else:
         with open_lake(store.location, read_only=False) as con:
             con.executemany(insert, rows)
@@ -174,13 +175,13 @@ def _labeled(sid: str, labels: tuple[bool, ...], method: str, minutes: int) -> E
     return make_event(payload, producer="t", occurred_at=T0 + timedelta(minutes=minutes))
 
 
-def test_steps_view_unnests_solution_steps_in_order(store: EventStore | LakeEventStore) -> None:
+def test_steps_view_unnests_solution_steps_in_order(store: EventStore) -> None:
     write(store, [_solution("s1", 3)])
     rows = query(store.location, "SELECT step_index, text FROM steps WHERE solution_id = 's1' ORDER BY step_index").rows
     assert rows == [(0, "Step 1"), (1, "Step 2"), (2, "Step 3")]
 
 
-def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store: EventStore | LakeEventStore) -> None:
+def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store: EventStore) -> None:
     newer = _labeled("s1", (True, True, False), "adaptive_binary", minutes=10)
     older = _labeled("s1", (True, False, False), "sequential", minutes=1)
     write(store, [_solution("s1"), newer])
@@ -197,7 +198,7 @@ def test_a_newer_label_supersedes_an_older_one_whatever_the_arrival_order(store:
     assert history == [(6,)]
 
 
-def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventStore | LakeEventStore) -> None:
+def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventStore) -> None:
     labeled = _labeled("s1", (True, False), "sequential", minutes=1)
     judged = make_event(
         StepsJudged(
@@ -220,7 +221,7 @@ def test_consensus_beats_annotation_and_annotation_beats_the_judge(store: EventS
     assert rows == [(0, True, "LabelsAccepted"), (1, True, "LabelsAccepted")]
 
 
-def test_cost_ledger_sums_what_labels_cost(store: EventStore | LakeEventStore) -> None:
+def test_cost_ledger_sums_what_labels_cost(store: EventStore) -> None:
     write(store, synthetic_events(300, k=4))
     total = query(store.location, "SELECT sum(rollouts) FROM cost_ledger").rows[0][0]
     expected = query(
@@ -255,14 +256,14 @@ def test_statements_that_write_attach_or_copy_are_refused(sql: str) -> None:
         check_read_only(sql)
 
 
-def test_reading_files_from_a_select_is_blocked(store: EventStore | LakeEventStore, tmp_path: Path) -> None:
+def test_reading_files_from_a_select_is_blocked(store: EventStore, tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")
     with pytest.raises(QueryError, match=r"(?i)external access|permission"):
         query(store.location, f"SELECT * FROM read_csv('{secret}')")
 
 
-def test_readers_wait_while_the_writer_holds_the_file_then_read(duck_store: EventStore) -> None:
+def test_readers_wait_while_the_writer_holds_the_file_then_read(duck_store: DuckEventStore) -> None:
     held = threading.Event()
     release = threading.Event()
 
@@ -282,7 +283,7 @@ def test_readers_wait_while_the_writer_holds_the_file_then_read(duck_store: Even
     assert result.waited_s >= 0.2
 
 
-def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store: EventStore) -> None:
+def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store: DuckEventStore) -> None:
     con = duckdb.connect(str(duck_store.path))
     try:
         started = time.monotonic()
@@ -294,7 +295,7 @@ def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store:
 
 
 def test_a_second_reader_in_the_process_reads_while_the_first_holds_the_locked_configuration(
-    duck_store: EventStore,
+    duck_store: DuckEventStore,
 ) -> None:
     """Connections of one process to one file share the database's settings: once the first reader
     locked them, the second can no longer switch its progress bar off (CI saw that error from

@@ -28,7 +28,7 @@ from prmloop.store.settings import StateSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_VENV = ROOT / ".venv-vllm"
 PROMPT = "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"
 FEW_SHOT = "Q: 2 + 3?\nA: The answer is 5.\nQ: 4 + 4?\nA: The answer is 8.\nQ: 1 + 6?\nA:"

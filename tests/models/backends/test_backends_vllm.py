@@ -1,5 +1,5 @@
 """Specification of the vLLM backend's output conversion (the engine itself: tests/vllm_env, run inside
-.venv-vllm by tests/models/test_vllm_engine.py)."""
+.venv-vllm by tests/models/backends/test_vllm_engine.py)."""
 
 from __future__ import annotations
 

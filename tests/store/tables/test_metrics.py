@@ -23,13 +23,13 @@ from prmloop.store.events import (
 )
 from prmloop.store.kafka.lag import consumer_lag
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore, query
+from prmloop.store.tables.duck import DuckEventStore, query
 from prmloop.store.tables.metrics import label_quality, loop_metrics
 
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(400, k=4, seed=3)
     prm = ModelRegistered(
         model_id="prm-1",
@@ -129,7 +129,7 @@ def test_agreement_and_acceptance_on_hand_made_labels(tmp_path: Path) -> None:
         _decision("s6", "judge gave no verdict on step 0"),
     ]
     events = [make_event(p, producer="test") for p in payloads]
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 99)])
     quality = label_quality(store.path)
     assert quality["agreement"]["exact"] == {"solutions": 4, "decided": 3, "agree": 2, "rate": pytest.approx(2 / 3)}

@@ -21,7 +21,7 @@ from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.auth.signing import sign
 from prmloop.store.events import Envelope, ModelRef, ModelRegistered, make_event
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 from prmloop.store.tables.registry import PROMOTION_METRIC
 
 runner = CliRunner()
@@ -33,7 +33,7 @@ def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(100, k=2)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 100)])
     return store.path
@@ -159,7 +159,7 @@ _MODELS = [
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Path:
-    store = EventStore(tmp_path / "registry.duckdb")
+    store = DuckEventStore(tmp_path / "registry.duckdb")
     events = [_registration(kind, promoted, i, f1) for i, (kind, promoted, f1, _) in enumerate(_MODELS)]
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 5)])
     return store.path
@@ -217,7 +217,7 @@ def test_a_promotion_anyone_on_the_broker_publishes_is_stored_but_never_in_force
         make_event(sign(calibration), producer="prmloop-calibrate", occurred_at=late),
         make_event(stolen, producer="mallory", occurred_at=late + timedelta(minutes=1)),
     ]
-    store = EventStore(registry)
+    store = DuckEventStore(registry)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "m", 0, i, 0) for i, e in enumerate(events)]), [("m", 0, 4)])
     store.close()
     result = runner.invoke(app, ["models", "list", "--db", str(registry)], env={"COLUMNS": "80"})
@@ -242,7 +242,7 @@ def test_a_promotion_anyone_on_the_broker_publishes_is_stored_but_never_in_force
 
 def test_sql_help_names_every_statement_the_readme_lists() -> None:
     """Seen: the README listed EXPLAIN among the statements `prmloop sql` runs; `sql --help` left it out."""
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "events-and-sql.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "events-and-sql.md").read_text()
     found = re.search(r"refuses anything but (.+?) \(EXPLAIN only", readme, re.DOTALL)
     assert found is not None
     listed = re.findall(r"`([A-Z]+)`", found.group(1))

@@ -16,7 +16,7 @@ from prmloop.flows.lab.bench.rounds import FINAL_RESERVE_S, ROUND_OVERHEAD_S, pl
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import ModelRef
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 from prmloop.store.tables.metrics import loop_metrics
 from prmloop.store.tables.registry import model_registered
 
@@ -44,8 +44,8 @@ def test_a_round_gets_its_share_of_the_time_left_as_tokens() -> None:
     assert plan_round(50.0, 100.0, 1) is None
 
 
-def _store_with_a_learning_curve(home: Path, tmp_path: Path) -> EventStore:
-    store = EventStore(home / "prmloop.duckdb")
+def _store_with_a_learning_curve(home: Path, tmp_path: Path) -> DuckEventStore:
+    store = DuckEventStore(home / "prmloop.duckdb")
     events = synthetic_events(60, k=4, seed=3)
     for i in range(2):
         artifact = tmp_path / f"prm-{i}"

@@ -22,7 +22,7 @@ from prmloop.flows.cli import app
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.store.events import Envelope
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore, locate, open_writer, query
+from prmloop.store.tables.duck import DuckEventStore, locate, open_writer, query
 from prmloop.store.tables.export import export_views
 from prmloop.store.tables.lake import LakeError, LakeEventStore, LakeStore, compact, open_lake, parse_lake
 from prmloop.store.tables.lake_catalog import release_local_postgres
@@ -207,7 +207,7 @@ def test_export_writes_views_as_parquet_with_every_row(
     location: Path | LakeStore
     if kind == "duckdb":
         location = tmp_path / "s.duckdb"
-        EventStore(location).write_batch(events_to_arrow(consumed(synthetic_events(300, k=2))), [("t", 0, 1)])
+        DuckEventStore(location).write_batch(events_to_arrow(consumed(synthetic_events(300, k=2))), [("t", 0, 1)])
     else:
         location = request.getfixturevalue("lake_store")
         w = lake_writer(location)

@@ -17,7 +17,7 @@ from prmloop.flows.loop.watch import EngineMeter, overlap
 from prmloop.producers.arith import arith_question
 from prmloop.producers.events import question_registered
 from prmloop.store.kafka.runtime import ConsumedEvent
-from prmloop.store.tables.duck import EventStore
+from prmloop.store.tables.duck import DuckEventStore
 
 
 def test_levels_are_read_from_a_list_and_refused_outside_the_curriculum() -> None:
@@ -38,7 +38,7 @@ def test_the_stream_takes_the_levels_in_turn_and_never_repeats_a_question() -> N
 def test_a_later_run_goes_on_after_the_questions_the_store_has_seen(tmp_path: Path) -> None:
     from prmloop.models.arith import generate_question
 
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     questions = [arith_question(generate_question(level, 0, i)) for level, i in ((1, 0), (1, 3), (2, 1))]
     questions.append(arith_question(generate_question(1, 7, 9)))  # another seed: not this run's
     events = [question_registered(q, producer="test") for q in questions]

@@ -129,11 +129,11 @@ def test_screenshots_of_the_prefect_ui_show_the_loop(tmp_path: Path) -> None:
     from prmloop.consumers.sink import events_to_arrow
     from prmloop.flows.lab.bench.synthetic import synthetic_events
     from prmloop.store.kafka.runtime import ConsumedEvent
-    from prmloop.store.tables.duck import EventStore
+    from prmloop.store.tables.duck import DuckEventStore
 
     if shutil.which("chromium") is None:
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     events = synthetic_events(200, k=4, seed=1)
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 200)])
     try:
@@ -264,9 +264,9 @@ def test_sigterm_to_a_command_stops_the_process_it_started(tmp_path: Path) -> No
     from prmloop.consumers.sink import events_to_arrow
     from prmloop.flows.lab.bench.synthetic import synthetic_events
     from prmloop.store.kafka.runtime import ConsumedEvent
-    from prmloop.store.tables.duck import EventStore
+    from prmloop.store.tables.duck import DuckEventStore
 
-    store = EventStore(tmp_path / "prmloop.duckdb")
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
     store.write_batch(
         events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(synthetic_events(5))]), [("t", 0, 5)]
     )

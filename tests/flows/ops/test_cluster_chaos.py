@@ -11,7 +11,7 @@ every flow run completed (the killed one crashed, then ran again), and status to
 one JSON line: events, kills with their recovery times, lost, duplicated.
 
 A long soak test (6-11 minutes on two cores: PostgreSQL, two brokers, Prefect and nineteen processes),
-so it runs with ``PRMLOOP_CHAOS=1`` (alone: ``PRMLOOP_CHAOS=1 pytest tests/flows/test_cluster_chaos.py
+so it runs with ``PRMLOOP_CHAOS=1`` (alone: ``PRMLOOP_CHAOS=1 pytest tests/flows/ops/test_cluster_chaos.py
 -s``), and is skipped, saying so, otherwise: ``make test`` stays lean. ``.ci/run`` runs it.
 """
 
@@ -248,7 +248,7 @@ def _of_type(cluster: Cluster, event_type: str) -> int | None:
 @pytest.mark.integration
 @pytest.mark.skipif(
     os.environ.get("PRMLOOP_CHAOS") != "1",
-    reason="soak test of the cluster (10 minutes): PRMLOOP_CHAOS=1 pytest tests/flows/test_cluster_chaos.py",
+    reason="soak test of the cluster (10 minutes): PRMLOOP_CHAOS=1 pytest tests/flows/ops/test_cluster_chaos.py",
 )
 @pytest.mark.timeout(1500)
 def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: Path) -> None:
