@@ -22,7 +22,8 @@ import pyarrow as pa
 from prmloop.store.events.codec import encode_event
 from prmloop.store.events.topics import EVENT_TOPICS
 from prmloop.store.kafka.records import collected_between_batches
-from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime, RuntimeStats, paused_gc
+from prmloop.store.kafka.runtime import ConsumedEvent, paused_gc
+from prmloop.store.kafka.service import ServiceStats, run_service
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.tables.duck import EVENT_SCHEMA, StoreLocation, locate, open_writer
 from prmloop.store.tables.lake import LakeStore
@@ -111,40 +112,39 @@ def run_sink(
     until: Callable[[], bool] | None = None,
     on_write: Callable[[WriteResult], None] | None = None,
     install_signal_handlers: bool = True,
-) -> tuple[RuntimeStats, SinkStats]:
-    """Run the sink until SIGTERM/SIGINT (or ``until()``); returns its statistics.
+) -> ServiceStats:
+    """Run the sink until SIGTERM/SIGINT (or ``until()``); its counters are ``received``, ``inserted``
+    and ``conflicts`` (records stored under an existing event id with other content).
 
     On a DuckDB file the sink is the single writer and reads every partition; on a DuckLake it joins
     the consumer group ``group_id``, so several sinks share the partitions and write at once.
     """
+    started = time.monotonic()
     lake = isinstance(locate(db_path), LakeStore)
     store = open_writer(db_path)
     sink = Sink(store, on_write=on_write)
-    runtime = ConsumerRuntime(
-        topics=topics,
-        group_id=group_id,
-        bootstrap_servers=bootstrap_servers,
-        handler=sink,
-        kafka=kafka,
-        assign_all=not lake,
-        max_batch=max_batch,
-        max_wait_s=max_wait_s,
-        name="sink",
-    )
-    t0 = time.monotonic()
-    try:
-        with collected_between_batches() as collect:
-            sink.after_batch = collect
-            stats = runtime.run(until=until, install_signal_handlers=install_signal_handlers)
-    finally:
-        sink.after_batch = None
-        store.close()
-    log.info(
-        "sink stopped after %.1fs: %d inserted of %d, %d conflicts, %d dead-lettered",
-        time.monotonic() - t0,
-        sink.stats.inserted,
-        sink.stats.received,
-        sink.stats.conflicts,
-        stats.dead_lettered,
-    )
-    return stats, sink.stats
+
+    def counters() -> dict[str, int]:
+        return {"received": sink.stats.received, "inserted": sink.stats.inserted, "conflicts": sink.stats.conflicts}
+
+    with collected_between_batches() as collect:
+        sink.after_batch = collect
+        try:
+            return run_service(
+                "sink",
+                sink,
+                topics=topics,
+                group_id=group_id,
+                bootstrap_servers=bootstrap_servers,
+                counters=counters,
+                kafka=kafka,
+                max_batch=max_batch,
+                until=until,
+                install_signal_handlers=install_signal_handlers,
+                close=[store.close],
+                started=started,
+                assign_all=not lake,
+                max_wait_s=max_wait_s,
+            )
+        finally:
+            sink.after_batch = None

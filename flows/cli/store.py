@@ -118,7 +118,7 @@ def sink(
     ensure_topics(servers)
     path = db_path(db)
     err.print(f"sink: {servers} -> {store_label(db)}")
-    stats, sink_stats = run_sink(
+    stats = run_sink(
         bootstrap_servers=servers,
         db_path=path,
         group_id=group,
@@ -127,8 +127,8 @@ def sink(
         until=stop.is_set,
     )
     err.print(
-        f"sink stopped: {sink_stats.inserted} new events stored of {sink_stats.received} received, "
-        f"{stats.dead_lettered} dead-lettered, {sink_stats.conflicts} conflicting duplicates kept in `conflicts`"
+        f"sink stopped: {stats.counters['inserted']} new events stored of {stats.counters['received']} received, "
+        f"{stats.dead_lettered} dead-lettered, {stats.counters['conflicts']} conflicting duplicates kept in `conflicts`"
     )
 
 

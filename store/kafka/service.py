@@ -1,6 +1,6 @@
 """One way to run a consuming service: its handler on the consumer runtime until it is told to stop.
 
-Every prmloop service (scorer, selector, annotator, judge, consensus) is its settings, its handler and
+Every prmloop service (scorer, selector, annotator, judge, consensus, the sink) is its settings, its handler and
 a call of :func:`run_service`, which runs the handler on :class:`~prmloop.store.kafka.runtime.ConsumerRuntime`
 until SIGTERM/SIGINT, ``until()``, ``done()`` (the service's own limit, e.g. ``--max-solutions``) or
 ``idle_timeout_s`` seconds without input, then closes what the service opened (its producer last) and

@@ -19,7 +19,7 @@ from prmloop.store.events import StepsLabeled, make_event
 from prmloop.store.kafka.outbox import Outbox, segment_summary
 from prmloop.store.kafka.producer import EventProducer, ensure_topics
 from prmloop.store.kafka.reconcile import reconcile
-from prmloop.store.kafka.runtime import RuntimeStats
+from prmloop.store.kafka.service import ServiceStats
 from prmloop.store.tables.duck import StoreLocked, query
 
 if TYPE_CHECKING:  # the fixture's type, from this folder's conftest.py (tests is not a package)
@@ -115,12 +115,12 @@ def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(
     assert n_steps == [(len(old_label.payload.labels),)]  # type: ignore[union-attr]
 
 
-def _sink_thread(servers: str, db: Path, group: str) -> tuple[threading.Thread, threading.Event, list[RuntimeStats]]:
+def _sink_thread(servers: str, db: Path, group: str) -> tuple[threading.Thread, threading.Event, list[ServiceStats]]:
     stop = threading.Event()
-    result: list[RuntimeStats] = []
+    result: list[ServiceStats] = []
 
     def target() -> None:
-        stats, _ = run_sink(
+        stats = run_sink(
             bootstrap_servers=servers, db_path=db, group_id=group, until=stop.is_set, install_signal_handlers=False
         )
         result.append(stats)

@@ -131,7 +131,7 @@ def bench_sink(
 
         group_id = f"bench-sink-{time.time_ns()}"
         t0 = time.perf_counter()
-        _, sink_stats = run_sink(
+        sink_stats = run_sink(
             bootstrap_servers=servers,
             db_path=db,
             group_id=group_id,

@@ -17,7 +17,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
-from prmloop.consumers.sink import SinkStats, run_sink
+from prmloop.consumers.sink import run_sink
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import (
     CostLedger,
@@ -33,7 +33,8 @@ from prmloop.store.events.codec import encode_event
 from prmloop.store.events.limits import DLQ_TRUNCATED_BYTES
 from prmloop.store.events.topics import TopicSpec, dlq_topic
 from prmloop.store.kafka.producer import EventProducer, consumer_config, ensure_topics
-from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime, RuntimeStats
+from prmloop.store.kafka.runtime import ConsumedEvent, ConsumerRuntime
+from prmloop.store.kafka.service import ServiceStats
 from prmloop.store.settings import KafkaSettings
 from prmloop.store.tables.duck import query, store_exists, store_health
 from prmloop.store.tables.export import export_views
@@ -89,7 +90,7 @@ class SinkThread:
     def __init__(self, servers: str, db: Path | LakeStore) -> None:
         self.db = db
         self.stop = threading.Event()
-        self.result: list[tuple[RuntimeStats, SinkStats]] = []
+        self.result: list[ServiceStats] = []
         self.error: list[BaseException] = []
         self.thread = threading.Thread(target=self._run, args=(servers,), daemon=True)
         self.thread.start()
@@ -113,7 +114,7 @@ class SinkThread:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
-    def close(self) -> tuple[RuntimeStats, SinkStats]:
+    def close(self) -> ServiceStats:
         self.stop.set()
         self.thread.join(60)
         assert not self.error, self.error
@@ -162,9 +163,9 @@ def test_hostile_records_among_valid_ones_go_to_the_dlq_and_the_valid_ones_are_s
     sink = SinkThread(own_servers, store_at)
     wait_until(lambda: stored(sink.db, good) == len(good), 60, "the valid events")
     assert sink.alive
-    runtime_stats, sink_stats = sink.close()
-    assert runtime_stats.dead_lettered == len(hostile)
-    assert sink_stats.inserted == len(good)
+    stats = sink.close()
+    assert stats.dead_lettered == len(hostile)
+    assert stats.counters["inserted"] == len(good)
 
     dead = read_topic(own_servers, dlq_topic(topic), len(hostile))
     assert len(dead) == len(hostile)
@@ -262,8 +263,8 @@ def test_numbers_the_store_cannot_hold_are_dead_lettered_and_every_view_still_re
 
     sink = SinkThread(own_servers, store_at)
     wait_until(lambda: stored(sink.db, [labeled, judged]) == 2, 60, "the valid events")
-    runtime_stats, _ = sink.close()
-    assert runtime_stats.dead_lettered == 2
+    stats = sink.close()
+    assert stats.dead_lettered == 2
     assert query(store_at, "SELECT count(*) FROM events").rows == [(2,)]
     ledger = query(store_at, "SELECT source, rollouts, generated_tokens FROM cost_ledger ORDER BY 1").rows
     assert ledger == [("StepsJudged", 0, 0), ("StepsLabeled", 3, 0)]
