@@ -32,7 +32,7 @@ from prmloop.store.auth.credentials import SINK_ROLE, load_credentials
 from prmloop.store.kafka.poison import is_transient
 from prmloop.store.kafka.runtime import ConsumedEvent
 from prmloop.store.ports import free_port
-from prmloop.store.tables import duck
+from prmloop.store.tables import lake
 from prmloop.store.tables.duck import open_writer, query
 from prmloop.store.tables.lake import LakeEventStore, LakeStore
 
@@ -124,7 +124,7 @@ def batch(start: int, n: int = 40) -> list[ConsumedEvent]:
 def test_a_batch_cut_off_by_the_catalogs_death_is_stored_once_it_is_back(
     catalog: Catalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_staging = duck.stage_sql
+    real_staging = lake.stage_sql
     passfile = load_credentials().passfile(SINK_ROLE)
     store = LakeStore(
         f"postgres:dbname=lake user={SINK_ROLE} passfile={passfile} host=127.0.0.1 port={catalog.port}",
@@ -147,7 +147,7 @@ def test_a_batch_cut_off_by_the_catalogs_death_is_stored_once_it_is_back(
             subprocess.Popen(["sh", "-c", f"sleep 2; kill -KILL {' '.join(map(str, frozen))}"])
             return str(real_staging(rows))
 
-        monkeypatch.setattr(duck, "stage_sql", staging)
+        monkeypatch.setattr(lake, "stage_sql", staging)
         began = time.monotonic()
         try:
             sink(batch(start))
@@ -156,7 +156,7 @@ def test_a_batch_cut_off_by_the_catalogs_death_is_stored_once_it_is_back(
         else:
             failed = None
         waited = time.monotonic() - began
-        monkeypatch.setattr(duck, "stage_sql", real_staging)
+        monkeypatch.setattr(lake, "stage_sql", real_staging)
         assert frozen, "the batch never staged its rows"
         catalog.gone(frozen)
         assert waited > 2, f"the batch did not wait for its frozen catalog ({waited:.1f} s)"
