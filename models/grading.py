@@ -33,7 +33,6 @@ compared as a normalised string only, never parsed (real answers are a few dozen
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import signal
 import threading
 import time
@@ -42,10 +41,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from prmloop.models.answers import answer_or_bare, normalize_answer
+from prmloop.models.grading_worker import AnswerCheckTimeout, GradingWorker
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -68,14 +67,6 @@ MAX_ANSWER_CHARS = 1_000
 """Longest answer math-verify is asked to parse; a longer one is compared as a string only."""
 
 _T = TypeVar("_T")
-
-
-class AnswerCheckTimeout(BaseException):
-    """A math-verify parse or comparison ran past its deadline.
-
-    Derives from ``BaseException`` on purpose: math-verify and sympy catch ``Exception`` broadly and
-    would otherwise turn our deadline into a silent ``False``.
-    """
 
 
 class GradeOutcome(StrEnum):
@@ -142,86 +133,7 @@ def _signal_deadline(timeout_s: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, remaining, previous_interval)
 
 
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-class _GradingWorker:
-    """One helper process that runs grading calls in its own main thread (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._process: multiprocessing.process.BaseProcess | None = None
-        self._conn: Connection | None = None
-
-    def _start(self) -> Connection:
-        # spawn, not fork: the parent may hold torch / Kafka threads that a fork would copy mid-state.
-        ctx = multiprocessing.get_context("spawn")
-        parent_conn, child_conn = ctx.Pipe()
-        process = ctx.Process(target=_worker_main, args=(child_conn,), name="prmloop-grading", daemon=True)
-        process.start()
-        child_conn.close()
-        self._process, self._conn = process, parent_conn
-        return parent_conn
-
-    def _kill(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
-        self._process, self._conn = None, None
-
-    def call(self, fn_name: str, args: tuple[Any, ...], deadline_s: float) -> Any:
-        with self._lock:
-            alive = self._process is not None and self._process.is_alive()
-            conn = self._conn if alive and self._conn is not None else None
-            if conn is None:
-                self._kill()
-                conn = self._start()
-                # The first call also pays for importing sympy and math-verify in the helper.
-                deadline_s += 30.0
-            conn.send((fn_name, args))
-            if not conn.poll(deadline_s):
-                self._kill()
-                raise AnswerCheckTimeout(f"grading helper process did not answer {fn_name} in {deadline_s:g} s")
-            try:
-                ok, value = conn.recv()
-            except EOFError as exc:
-                self._kill()
-                raise RuntimeError(
-                    "the grading helper process died (out of memory?) while running "
-                    f"{fn_name}{args!r}; it will be restarted on the next call"
-                ) from exc
-            if not ok:
-                raise RuntimeError(f"grading helper failed on {fn_name}{args!r}: {value}")
-            return value
-
-    def shutdown(self) -> None:
-        with self._lock:
-            self._kill()
-
-
-def _worker_main(conn: Connection) -> None:
-    """Entry point of the helper process: serve ``(function name, args)`` requests until EOF."""
-    functions: dict[str, Callable[..., Any]] = {
-        "compare": _compare_in_process,
-        "group": _group_in_process,
-    }
-    while True:
-        try:
-            fn_name, args = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            conn.send((True, functions[fn_name](*args)))
-        except AnswerCheckTimeout:
-            conn.send((True, _Verdict.TIMEOUT))
-        except Exception as exc:  # noqa: BLE001 - report any failure to the caller, never die silently
-            conn.send((False, f"{type(exc).__name__}: {exc}"))
-
-
-_WORKER = _GradingWorker()
+_WORKER = GradingWorker("prmloop.models.grading", {"compare": "_compare_in_process", "group": "_group_in_process"})
 
 
 def shutdown_grading_worker() -> None:
@@ -230,9 +142,10 @@ def shutdown_grading_worker() -> None:
 
 
 def _dispatch(fn: Callable[..., _T], fn_name: str, args: tuple[Any, ...], deadline_s: float) -> _T:
-    if _in_main_thread():
+    """``fn(*args)`` here in the main thread (its deadline a signal), else in the helper process."""
+    if threading.current_thread() is threading.main_thread():
         return fn(*args)
-    result: _T = _WORKER.call(fn_name, args, deadline_s)
+    result: _T = _WORKER.call(fn_name, args, deadline_s, on_timeout=_Verdict.TIMEOUT)
     return result
 
 

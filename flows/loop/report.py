@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from prmloop.flows.loop.watch import cpu_seconds, rss_mib, rss_summary
+from prmloop.flows.loop.processes import cpu_seconds, rss_mib, rss_summary
 
 if TYPE_CHECKING:
     from pathlib import Path
