@@ -4,7 +4,7 @@ For a question: sample ``k`` solutions with per-token log-probabilities; split t
 token offsets; grade them against the gold answer; score each whole solution's uncertainty
 (:func:`~prmloop.models.uncertainty.sequence_entropy`: what selection ranks by; per-step uncertainty is
 the step scorer's, downstream); keep ``m`` correct and ``n`` incorrect with a selection strategy
-(:mod:`prmloop.producers.selection`); build the kept solutions' events with
+(:mod:`prmloop.producers.candidates`); build the kept solutions' events with
 :func:`~prmloop.producers.events.solution_sampled`.
 
 Idempotent: every event id derives from (question id, generator, seed, sample index), and each
@@ -38,8 +38,8 @@ from prmloop.models.prompts import PromptFormat, StepFormat, solution_prompt, st
 from prmloop.models.questions import Question
 from prmloop.models.steps import split_completion, split_steps
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, answer_dispersion, mean_nll, perplexity, sequence_entropy
+from prmloop.producers.candidates import SELECTION_STRATEGIES, Candidate, Selection, get_strategy
 from prmloop.producers.events import question_registered, solution_sampled
-from prmloop.producers.selection import SELECTION_STRATEGIES, Candidate, Selection, get_strategy
 from prmloop.producers.sources import check_dataset, check_split
 from prmloop.store.events import Envelope, ModelRef, SamplingSpec, SolutionUncertainty, deterministic_event_id
 

@@ -1,6 +1,6 @@
 """``prmloop bench active`` over several pools: one sampling engine for all, and a budget for building.
 
-Before each pool, :func:`~prmloop.flows.pools.estimate.estimate_pool` says what building what
+Before each pool, :func:`~prmloop.flows.pools.cost.estimate_pool` says what building what
 the cache lacks (sampling, MC labels, features) will cost; with a budget (``--max-build-minutes``,
 five minutes under ``--quick``) a pool that would not fit in what is left of it is skipped, saying so
 and what it would cost, and the run goes on with the others. If none is left, the run is refused.
@@ -16,7 +16,7 @@ from typing import Any
 
 from prmloop.flows.lab.bench.active import ActiveSettings, label_quality, run_active
 from prmloop.flows.pools.build import PoolWork
-from prmloop.flows.pools.estimate import estimate_pool
+from prmloop.flows.pools.cost import estimate_pool
 from prmloop.flows.pools.sampling import describe_cost
 
 __all__ = ["OverBudget", "bench_active"]

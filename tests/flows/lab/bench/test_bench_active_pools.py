@@ -20,7 +20,7 @@ from prmloop.flows.lab.bench.active import ActiveSettings
 from prmloop.flows.lab.bench.active_run import OverBudget, bench_active
 from prmloop.flows.pools import build as active_pools
 from prmloop.flows.pools.build import build_pool, read_lines
-from prmloop.flows.pools.estimate import estimate_pool
+from prmloop.flows.pools.cost import estimate_pool
 from prmloop.flows.pools.sampling import Sampler, describe_cost, record_speed, speed
 from prmloop.models.arith import arith_question_id, generate_question, reference_solution
 from prmloop.models.backends.base import Completion, SamplingParams

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prmloop.producers.selection import (
+from prmloop.producers.candidates import (
     SELECTION_STRATEGIES,
     Candidate,
     bag_of_words,
