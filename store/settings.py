@@ -28,6 +28,11 @@ class KafkaSettings(BaseSettings):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     client_id: str = "prmloop"
+    #: ``KAFKA_ASSIGN_ALL=1``: every consumer reads all partitions of its topics without joining its
+    #: group (offsets are still committed under it), so it starts without the broker's join delay (about
+    #: 5 s on Tansu). Only for services that run alone, one consumer per group: the benchmark's
+    #: round-based loop, whose five stages start once per round.
+    assign_all: bool = False
 
     def client_kwargs(self, bootstrap_servers: str | None = None) -> dict[str, Any]:
         """Keyword arguments shared by kafka-python's producer, consumer and admin client."""

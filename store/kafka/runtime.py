@@ -103,14 +103,15 @@ class ConsumerRuntime:
         self.topics = list(topics)
         self.group_id = group_id
         self.handler = handler
-        self.assign_all = assign_all
+        self._kafka = kafka or KafkaSettings()
+        self.assign_all = assign_all or self._kafka.assign_all
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.pause_after_s = pause_after_s
         #: Seconds without a record after which a member whose partitions lag rejoins (store/kafka/stall.py).
-        self._stall = StallWatch(None if assign_all else stall_after_s)
+        self._stall = StallWatch(None if self.assign_all else stall_after_s)
         self.name = name or group_id
         #: Handler exceptions retried besides :data:`prmloop.store.kafka.poison.TRANSIENT_ERRORS`.
         self.transient_errors = transient_errors
@@ -118,7 +119,6 @@ class ConsumerRuntime:
         self.check_topic = check_topic
         self.stats = RuntimeStats()
         self._stop = threading.Event()
-        self._kafka = kafka or KafkaSettings()
         #: Set when the broker came from broker.json: a replaced embedded broker is followed.
         self._watch = BrokerWatch.for_servers(bootstrap_servers, self._kafka) if follow_broker else None
         if self._watch is not None:

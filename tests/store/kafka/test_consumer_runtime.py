@@ -390,3 +390,26 @@ def test_a_batch_retried_while_its_database_is_down_keeps_the_group_membership(k
     assert max(gaps) < 5 + 1.5, f"the runtime waited {max(gaps):.1f} s between tries"
     assert tries[-1] - down_until[0] < 6, "the batch was not stored soon after the database returned"
     assert revoked == [], "the group took the member's partitions while it retried"
+
+
+def test_kafka_assign_all_reads_every_partition_without_a_join_and_resumes_at_the_commits(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the bench's round-based loop sets: each stage alone in its group, one run after another."""
+    monkeypatch.setenv("KAFKA_ASSIGN_ALL", "1")
+    topic = _topic(3, kafka_bootstrap)
+    group = f"g-{topic}"
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(6)], key=lambda i: f"k{i}".encode())
+    seen: list[str] = []
+
+    def handler(batch: list[ConsumedEvent]) -> None:
+        seen.extend(c.event.correlation_id for c in batch)
+
+    first = ConsumerRuntime(topics=[topic], group_id=group, bootstrap_servers=kafka_bootstrap, handler=handler)
+    assert first.assign_all
+    _run_until(first, lambda: len(seen) >= 6)
+    assert sorted(seen) == [f"q{i}" for i in range(6)]
+    _send(kafka_bootstrap, topic, [_event(i) for i in range(6, 9)], key=lambda i: f"k{i}".encode())
+    second = ConsumerRuntime(topics=[topic], group_id=group, bootstrap_servers=kafka_bootstrap, handler=handler)
+    _run_until(second, lambda: len(seen) >= 9)
+    assert sorted(seen) == sorted([f"q{i}" for i in range(9)]), "the second run read again what the first committed"
