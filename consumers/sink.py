@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.store.events.codec import encode_event
 from prmloop.store.events.topics import EVENT_TOPICS
@@ -100,25 +102,34 @@ class Sink:
             self.after_batch()
 
 
+class SinkSettings(BaseSettings):
+    """Options of the store sink (``prmloop sink``; environment ``PRMLOOP_SINK_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="PRMLOOP_SINK_", frozen=True, extra="ignore")
+
+    group: str = Field(default=SINK_GROUP, description="consumer group the offsets are committed under")
+    max_batch: int = Field(default=5000, ge=1, description="events per store transaction at most")
+    max_wait: float = Field(default=0.2, gt=0, description="seconds a batch waits to fill")
+    topics: tuple[str, ...] = Field(default=EVENT_TOPICS, description="the topics it stores (every event topic)")
+
+
 def run_sink(
+    settings: SinkSettings | None = None,
     *,
     bootstrap_servers: str,
     db_path: StoreLocation,
-    topics: Sequence[str] = EVENT_TOPICS,
-    group_id: str = SINK_GROUP,
     kafka: KafkaSettings | None = None,
-    max_batch: int = 5000,
-    max_wait_s: float = 0.2,
     until: Callable[[], bool] | None = None,
     on_write: Callable[[WriteResult], None] | None = None,
     install_signal_handlers: bool = True,
 ) -> ServiceStats:
-    """Run the sink until SIGTERM/SIGINT (or ``until()``); its counters are ``received``, ``inserted``
-    and ``conflicts`` (records stored under an existing event id with other content).
+    """Run the sink into ``db_path`` until SIGTERM/SIGINT (or ``until()``); its counters are ``received``,
+    ``inserted`` and ``conflicts`` (records stored under an existing event id with other content).
 
     On a DuckDB file the sink is the single writer and reads every partition; on a DuckLake it joins
-    the consumer group ``group_id``, so several sinks share the partitions and write at once.
+    the consumer group ``settings.group``, so several sinks share the partitions and write at once.
     """
+    settings = settings or SinkSettings()
     started = time.monotonic()
     lake = isinstance(locate(db_path), LakeStore)
     store = open_writer(db_path)
@@ -133,18 +144,18 @@ def run_sink(
             return run_service(
                 "sink",
                 sink,
-                topics=topics,
-                group_id=group_id,
+                topics=settings.topics,
+                group_id=settings.group,
                 bootstrap_servers=bootstrap_servers,
                 counters=counters,
                 kafka=kafka,
-                max_batch=max_batch,
+                max_batch=settings.max_batch,
                 until=until,
                 install_signal_handlers=install_signal_handlers,
                 close=[store.close],
                 started=started,
                 assign_all=not lake,
-                max_wait_s=max_wait_s,
+                max_wait_s=settings.max_wait,
             )
         finally:
             sink.after_batch = None

@@ -110,7 +110,7 @@ def sink(
     group: Annotated[str, typer.Option(help="consumer group the offsets are committed under")] = "prmloop-sink",
 ) -> None:
     """Run the store sink: the only writer of the DuckDB file. Stops cleanly on Ctrl-C / SIGTERM."""
-    from prmloop.consumers.sink import run_sink
+    from prmloop.consumers.sink import SinkSettings, run_sink
     from prmloop.store.kafka.producer import ensure_topics
 
     stop = stop_on_signals()
@@ -119,11 +119,9 @@ def sink(
     path = db_path(db)
     err.print(f"sink: {servers} -> {store_label(db)}")
     stats = run_sink(
+        SinkSettings(group=group, max_batch=max_batch, max_wait=max_wait),
         bootstrap_servers=servers,
         db_path=path,
-        group_id=group,
-        max_batch=max_batch,
-        max_wait_s=max_wait,
         until=stop.is_set,
     )
     err.print(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from prmloop.consumers.sink import run_sink
+from prmloop.consumers.sink import SinkSettings, run_sink
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import StepsLabeled, make_event
 from prmloop.store.kafka.outbox import Outbox, segment_summary
@@ -97,7 +97,7 @@ def test_duplicates_and_out_of_order_events_end_in_one_consistent_store(
         kwargs={
             "bootstrap_servers": kafka_bootstrap,
             "db_path": db,
-            "group_id": f"s-{uuid.uuid4().hex[:8]}",
+            "settings": SinkSettings(group=f"s-{uuid.uuid4().hex[:8]}"),
             "until": done.is_set,
             "install_signal_handlers": False,
         },
@@ -121,7 +121,11 @@ def _sink_thread(servers: str, db: Path, group: str) -> tuple[threading.Thread, 
 
     def target() -> None:
         stats = run_sink(
-            bootstrap_servers=servers, db_path=db, group_id=group, until=stop.is_set, install_signal_handlers=False
+            SinkSettings(group=group),
+            bootstrap_servers=servers,
+            db_path=db,
+            until=stop.is_set,
+            install_signal_handlers=False,
         )
         result.append(stats)
 

@@ -22,7 +22,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from rich.progress import Progress
 
-from prmloop.consumers.sink import Sink, run_sink
+from prmloop.consumers.sink import Sink, SinkSettings, run_sink
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import Envelope
@@ -132,9 +132,9 @@ def bench_sink(
         group_id = f"bench-sink-{time.time_ns()}"
         t0 = time.perf_counter()
         sink_stats = run_sink(
+            SinkSettings(group=group_id),
             bootstrap_servers=servers,
             db_path=db,
-            group_id=group_id,
             until=lambda: inserted >= n,
             on_write=count,
             install_signal_handlers=False,

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from prmloop.consumers.sink import run_sink
+from prmloop.consumers.sink import SinkSettings, run_sink
 from prmloop.flows.lab.bench.synthetic import synthetic_events
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import Envelope, QuestionRegistered, make_event
@@ -71,12 +71,11 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, t
             try:
                 outcome.append(
                     run_sink(
+                        SinkSettings(group="fuzz-sink", max_batch=500),
                         bootstrap_servers=servers,
                         db_path=db,
-                        group_id="fuzz-sink",
                         until=stop.is_set,
                         install_signal_handlers=False,
-                        max_batch=500,
                     )
                 )
             except BaseException as exc:

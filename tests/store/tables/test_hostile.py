@@ -17,7 +17,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.fetcher import ConsumerRecord
 
-from prmloop.consumers.sink import run_sink
+from prmloop.consumers.sink import SinkSettings, run_sink
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.store.events import (
     CostLedger,
@@ -99,9 +99,9 @@ class SinkThread:
         try:
             self.result.append(
                 run_sink(
+                    SinkSettings(group=f"sink-{uuid.uuid4().hex[:8]}"),
                     bootstrap_servers=servers,
                     db_path=self.db,
-                    group_id=f"sink-{uuid.uuid4().hex[:8]}",
                     until=self.stop.is_set,
                     install_signal_handlers=False,
                 )
