@@ -8,8 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from prmloop.flows.pools import build
 from prmloop.flows.pools.build import (
-    ARITH_SAMPLING,
     POOLS,
     arith_file,
     arith_todo,
@@ -69,13 +69,13 @@ def estimate_pool(
     if name == "processbench":
         items = processbench_items()
     else:
-        sampling = {**ARITH_SAMPLING, "seed": arith_seed, "levels": tuple(arith_levels)}
+        sampling = {**build.ARITH_SAMPLING, "seed": arith_seed, "levels": tuple(arith_levels)}
         rows = [r for r in read_lines(arith_file(root, sampling)) if r["level"] in arith_levels]
         rows = [r for r in rows if question_index(r) < arith_questions]
         missing = sum(
             arith_questions - first for first in arith_todo(rows, tuple(arith_levels), arith_questions).values()
         )
-        missing *= int(ARITH_SAMPLING["k"])
+        missing *= int(build.ARITH_SAMPLING["k"])
         checked = [(r, decided(r)) for r in rows]
         share = sum(t is not None for _, t in checked) / len(checked) if checked else DECIDED_SHARE
         items = [
