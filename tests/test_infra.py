@@ -199,3 +199,14 @@ def test_no_secret_has_a_default_and_prefect_is_published_on_loopback() -> None:
         if service.get("entrypoint") == ["prefect"]:
             assert "PREFECT_API_AUTH_STRING" in service["environment"], name
     assert "VLLM_API_KEY" in _compose()["x-gpu"]["environment"]
+
+
+def test_the_cluster_deploys_from_the_checkout_and_finds_its_vllm_environment_there() -> None:
+    from prmloop.flows.ops import engine
+    from prmloop.flows.ops.cluster import ROOT
+
+    assert (ROOT / "infra" / "prefect.yaml").is_file() and (ROOT / "pyproject.toml").is_file()
+    assert (
+        f"parents[{len(Path(engine.__file__).resolve().relative_to(ROOT).parts) - 1}]"
+        in Path(engine.__file__).read_text()
+    )

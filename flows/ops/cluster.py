@@ -37,8 +37,8 @@ from prmloop.store.settings import StateSettings
 
 __all__ = ["ROOT", "cluster_connection", "cluster_down", "cluster_report", "cluster_up", "process_names"]
 
-#: The checkout (``flows/`` sits at its top level): ``infra/prefect.yaml`` is deployed from here.
-ROOT = Path(__file__).resolve().parents[1]
+#: The checkout (this file is flows/ops/cluster.py in it): ``infra/prefect.yaml`` is deployed from here.
+ROOT = Path(__file__).resolve().parents[2]
 BROKERS = ("broker-1", "broker-2")
 DATABASES = ("prmloop_broker", "prefect", "prmloop_lake")
 

@@ -98,7 +98,7 @@ def vllm_python() -> Path:
         if explicit
         else [
             Path(sys.prefix).parent / ".venv-vllm" / "bin" / "python",
-            Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python",
+            Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python",
         ]
     )
     for candidate in candidates:
