@@ -33,6 +33,9 @@ class KafkaSettings(BaseSettings):
     #: 5 s on Tansu). Only for services that run alone, one consumer per group: the benchmark's
     #: round-based loop, whose five stages start once per round.
     assign_all: bool = False
+    #: ``KAFKA_CONNECT_WAIT_S``: how long a client waits at start for a broker that does not answer yet
+    #: (starting, or slow on a loaded machine) before it fails; it says every 30 s what it waits for.
+    connect_wait_s: float = Field(default=300.0, ge=0)
 
     def client_kwargs(self, bootstrap_servers: str | None = None) -> dict[str, Any]:
         """Keyword arguments shared by kafka-python's producer, consumer and admin client."""

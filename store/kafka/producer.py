@@ -24,6 +24,7 @@ from kafka.structs import TopicPartition
 from prmloop.store.events import Envelope
 from prmloop.store.events.codec import EventTooLarge, PublishError, UndeliverableEvent, encode_event
 from prmloop.store.events.topics import TopicSpec, all_topic_specs
+from prmloop.store.kafka.connect import once_answering
 from prmloop.store.kafka.follow import BrokerWatch
 from prmloop.store.kafka.outbox import Outbox
 from prmloop.store.settings import KafkaSettings
@@ -179,7 +180,12 @@ class EventProducer:
         #: Set when the broker came from broker.json: a replaced embedded broker is followed.
         self._watch = BrokerWatch.for_servers(bootstrap_servers, self.kafka) if follow_broker else None
         self.bootstrap_servers = self._watch.resolve("producer") if self._watch is not None else bootstrap_servers
-        self._producer = KafkaProducer(**self.kafka.client_kwargs(self.bootstrap_servers), **self._options)
+        self._producer = once_answering(
+            lambda: KafkaProducer(**self.kafka.client_kwargs(self.bootstrap_servers), **self._options),
+            self.bootstrap_servers,
+            "producer",
+            wait_s=self.kafka.connect_wait_s,
+        )
 
     def _follow(self) -> bool:
         """Reconnect to the broker that replaced ours (see :mod:`prmloop.store.kafka.follow`); True if it did."""

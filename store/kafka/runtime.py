@@ -20,8 +20,8 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
-* A runtime whose broker came from ``broker.json`` follows a replaced embedded broker within seconds
-  (:mod:`prmloop.store.kafka.follow`): it logs the switch and reads the new broker from the start.
+* A broker that does not answer yet is waited for (:mod:`prmloop.store.kafka.connect`); one from
+  ``broker.json`` is followed when replaced (:mod:`prmloop.store.kafka.follow`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from kafka.errors import CommitFailedError, KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from prmloop.store.events.topics import TOPIC_OF
+from prmloop.store.kafka.connect import once_answering
 from prmloop.store.kafka.deadletter import DeadLetters
 from prmloop.store.kafka.follow import BrokerLink, BrokerWatch
 from prmloop.store.kafka.poison import TransientError, is_transient, one_line
@@ -131,7 +132,7 @@ class ConsumerRuntime:
             "max_poll_interval_ms": max_poll_interval_ms,
             "session_timeout_ms": session_timeout_ms,
         }
-        self._consumer = self._connect(bootstrap_servers)
+        self._consumer = self._connect(bootstrap_servers, wait_s=self._kafka.connect_wait_s)
         self._dead_letters = DeadLetters(
             self.name,
             bootstrap_servers,
@@ -218,10 +219,10 @@ class ConsumerRuntime:
 
     # ------------------------------------------------------------------------------------------ polling
 
-    def _connect(self, bootstrap_servers: str) -> KafkaConsumer:
-        consumer = without_leave_group(
-            KafkaConsumer(**consumer_config(self._kafka, bootstrap_servers, **self._consumer_options))
-        )
+    def _connect(self, bootstrap_servers: str, *, wait_s: float = 0.0) -> KafkaConsumer:
+        config = consumer_config(self._kafka, bootstrap_servers, **self._consumer_options)
+        made = once_answering(lambda: KafkaConsumer(**config), bootstrap_servers, self.name, wait_s=wait_s)
+        consumer = without_leave_group(made)
         try:
             if self.assign_all:
                 assign_all_partitions(consumer, self.topics)
