@@ -14,7 +14,7 @@ VLLM_GPU_PIN := vllm>=0.8,<0.34
 # `make -j2 setup vllm` builds the two at once (fcntl, as flock(1) is missing on macOS).
 ONE_AT_A_TIME := $(PYTHON) -c "import fcntl, subprocess, sys; lock = open('.editable.lock', 'a'); fcntl.flock(lock, fcntl.LOCK_EX); sys.exit(subprocess.call(sys.argv[1:]))"
 
-.PHONY: setup vllm demo test lint typecheck check clean
+.PHONY: setup vllm demo test test-soak lint typecheck check clean
 
 setup: $(STAMP)
 
@@ -64,10 +64,15 @@ $(VLLM_STAMP):
 demo: $(STAMP) vllm
 	$(VENV)/bin/prmloop demo
 
+# The suite without its soak tests (what CI runs); `make test-soak` runs those: the cluster's chaos test
+# and the loop until it retrains (about 25 minutes together on 2 cores).
 test: $(STAMP) vllm
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not soak"
+
+test-soak: $(STAMP) vllm
+	$(VENV)/bin/pytest -m soak -s
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

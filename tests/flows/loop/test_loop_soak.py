@@ -20,7 +20,7 @@ from prmloop.flows.ops.stack import prefect_api_url
 from prmloop.store.settings import StateSettings
 
 # The fixture runs the loop up to its 12-minute cap: longer than the suite's 600 s per test.
-pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.soak, pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(1500)]
 
 
 _prmloop = partial(prmloop_cli, timeout=120, drop=("PRMLOOP_SAMPLE_", "PRMLOOP_ANNOTATOR_", "PREFECT_API_URL"))
