@@ -47,6 +47,7 @@ from prmloop.store.kafka.deadletter import DeadLetters
 from prmloop.store.kafka.follow import BrokerLink, BrokerWatch
 from prmloop.store.kafka.poison import TransientError, is_transient, one_line
 from prmloop.store.kafka.producer import EventProducer, assign_all_partitions, consumer_config, without_leave_group
+from prmloop.store.kafka.reconnect import Reconnecting
 from prmloop.store.kafka.records import ConsumedEvent, Decoded, decode_record, paused_gc
 from prmloop.store.kafka.stall import JoinListener, StallWatch
 from prmloop.store.settings import KafkaSettings
@@ -70,7 +71,7 @@ class RuntimeStats:
 BatchHandler = Callable[[list[ConsumedEvent]], Iterable[tuple[ConsumedEvent, str]] | None]
 
 
-class ConsumerRuntime:
+class ConsumerRuntime(Reconnecting):
     """Poll, decode, hand a batch to ``handler``, dead-letter poison, commit after the effect.
 
     ``assign_all=True`` reads every partition of ``topics`` without joining a consumer group (the
@@ -256,81 +257,6 @@ class ConsumerRuntime:
                 break
         return records
 
-    def _rejoin(self, why: str) -> None:
-        """Join the group again as a new member (see :mod:`prmloop.store.kafka.stall`); the old one expires after
-        the session timeout. The new consumer reads from the committed offsets; effects are idempotent. A
-        broker that cannot be reached now leaves the old consumer in place: the watch asks again later."""
-        log.warning("%s: %s: rejoining the group as a new member", self.name, why)
-        try:
-            consumer = self._connect(self._bootstrap)
-        except (KafkaError, RuntimeError) as exc:
-            log.warning("%s: rejoining failed (%r); trying again later", self.name, exc)
-            self._stall.wait_again(3 * self._session_timeout_ms / 1000)
-            return
-        self._replace_consumer(consumer)
-
-    def _replace_consumer(self, consumer: KafkaConsumer) -> None:
-        """Read with ``consumer`` from now on; the old one is closed without a LeaveGroup (the broker
-        expires it). What it fetched is dropped, and the offsets of a batch in hand from it are not
-        committed."""
-        old, self._consumer = self._consumer, consumer
-        try:
-            old.close(autocommit=False, timeout_ms=2_000)
-        except KafkaError as exc:
-            log.debug("closing the old consumer failed: %r", exc)
-        self._prefetched.clear()
-        self._ahead.clear()
-        self._generation += 1
-        self._stall.joined_anew(3 * self._session_timeout_ms / 1000)
-
-    def _broker_moved(self) -> bool:
-        """True when this runtime moved to the broker that replaced its own in ``broker.json`` (see
-        :mod:`prmloop.store.kafka.follow`); a broker that is gone or answers again is logged.
-
-        The new consumer starts from the new broker's committed offsets, or from the beginning (a new
-        embedded broker has none). What was fetched from the old broker is dropped, and a batch the
-        handler is working on is finished but its offsets (the old broker's) are not committed.
-        """
-        change = self._watch.check() if self._watch is not None else None
-        if change is None or self._watch is None or self._link is None:
-            return False
-        log.warning("%s: %s", self.name, change.message() + ("; reconnecting" if change.kind == "moved" else ""))
-        if change.kind != "moved":
-            self._link.write(change.broker, reachable=change.kind == "back")
-            return False
-        try:
-            consumer = self._connect(change.broker.bootstrap_servers)
-        except (KafkaError, RuntimeError) as exc:
-            log.warning("%s: connecting to %s failed (%r); trying again", self.name, change.broker.describe(), exc)
-            return False
-        self._replace_consumer(consumer)
-        self._bootstrap = change.broker.bootstrap_servers
-        self._dead_letters.reconnect(self._bootstrap)
-        self._cluster_id = None
-        self._watch.follow(change.broker)
-        self._link.write(change.broker, reachable=True)
-        log.warning("%s: now reading from %s", self.name, change.broker.describe())
-        return True
-
-    def _broker_replaced(self) -> bool:
-        """True (once) when the cluster id changed: an in-memory broker restarted with empty topics.
-
-        Its logs start again at offset 0 and it has no committed offsets, so every assigned partition
-        is read again from the beginning; effects are idempotent, and what the restart lost is
-        re-published from the outbox by ``prmloop reconcile``. A real Kafka cluster keeps its id.
-        """
-        current = self._consumer._client.cluster.cluster_id  # kafka-python keeps it from metadata
-        previous, self._cluster_id = self._cluster_id, current or self._cluster_id
-        if previous is None or current is None or current == previous:
-            return False
-        log.warning(
-            "%s: the broker was replaced (cluster %s -> %s); rereading from the start", self.name, previous, current
-        )
-        self._prefetched.clear()
-        self._ahead.clear()
-        self._consumer.seek_to_beginning(*self._consumer.assignment())
-        return True
-
     # --------------------------------------------------------------------------------------- processing
 
     def _process(self, records: list[ConsumerRecord]) -> None:
@@ -497,3 +423,5 @@ class ConsumerRuntime:
         except (CommitFailedError, KafkaError) as exc:
             # The effect is durable and idempotent: whoever reads these records next repeats nothing.
             log.warning("%s: offset commit failed (%r); the records will be redelivered", self.name, exc)
+            if isinstance(exc, CommitFailedError) and not self.assign_all:  # out of the group: store.kafka.reconnect
+                self._drop_fetched_ahead()
