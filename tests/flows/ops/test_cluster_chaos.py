@@ -375,13 +375,19 @@ def test_the_cluster_loses_nothing_while_each_piece_is_killed_in_turn(tmp_path: 
         except AssertionError as stuck:
             raise AssertionError(f"{stuck}; kills: {kills}; where the chain stands: {_stuck(cluster)}") from None
         # Consumers commit their offsets after the batch whose events are in the store: the lag reaches 0
-        # a moment after the last decision is stored, so status is asked again until it does (60 s at most).
+        # after the last decision is stored, once every group has read again what its members could not
+        # commit while PostgreSQL was down (their groups re-formed): records whose effects are stored, so
+        # the reading is quick but, on two slow cores, took over a minute (lag 1,934 after 60 s, here
+        # on an AVX2-only EPYC). Status is asked again until the lag is 0, for 300 s at most.
         drain()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300
         drained = cluster.collect(cluster.status())
-        while _total_lag(drained) != 0 and time.monotonic() < deadline:
+        drain_lags = [_total_lag(drained)]
+        while drain_lags[-1] != 0 and time.monotonic() < deadline:
             time.sleep(5)
             drained = cluster.collect(cluster.status())
+            drain_lags.append(_total_lag(drained))
+        print(f"chaos: the lag after the last decision, every 5 s: {drain_lags}", file=sys.stderr, flush=True)
         samples.append(("drained", "", drained))
         doubled_before = cluster.count("SELECT count(*) - count(DISTINCT event_id) FROM events_log")
         final_run = cluster.run_deployment("compact/compact")
