@@ -61,6 +61,9 @@ def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
         str | None,
         typer.Option(help="every engine's dtype: float32 or bfloat16 (default: float32 on a CPU, bfloat16 on a GPU)"),
     ] = None,
+    engines: Annotated[
+        str, typer.Option(help="which engines to run, comma-separated: transformers, inprocess (vLLM), server (vLLM)")
+    ] = "transformers,inprocess,server",
 ) -> None:
     """Transformers in process, vLLM in process and the vLLM server on the same workloads: tokens/s for
     sampling (k=8) and for MC rollouts sharing a prefix, vLLM's prefix cache on and off
@@ -76,7 +79,8 @@ def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     say = lambda line: err.print(f"bench generate: {line}", markup=False, highlight=False)  # noqa: E731
     if dtype not in (None, "float32", "bfloat16"):
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    typer.echo(json.dumps(bench_engines(quick, threads=threads, seed=seed, dtype=dtype, say=say)))
+    chosen = [e.strip() for e in engines.split(",") if e.strip()]
+    typer.echo(json.dumps(bench_engines(quick, threads=threads, seed=seed, dtype=dtype, engines=chosen, say=say)))
 
 
 @bench_app.command("annotate")

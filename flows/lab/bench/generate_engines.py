@@ -20,7 +20,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from prmloop.flows.ops.engine import (
 )
 from prmloop.models.backends.vllm_backend import OPTIONS_VARIABLE, engine_options_from_environment
 
-__all__ = ["bench_engines"]
+__all__ = ["ENGINES", "bench_engines"]
 
 
 def _ratio(a: Any, b: Any) -> float | None:
@@ -46,6 +46,12 @@ def _ratio(a: Any, b: Any) -> float | None:
         return round(float(a) / float(b), 3)
     except (TypeError, ValueError, ZeroDivisionError):
         return None
+
+
+def _tps(runs: dict[str, Any], cache: str | None, workload: str) -> Any:
+    """Tokens/s of one workload of one engine's runs (``cache``: the prefix cache's run), None if not run."""
+    run = runs.get(f"prefix_cache_{cache}") if cache else runs
+    return run.get(workload, {}).get("tokens_per_s") if isinstance(run, dict) else None
 
 
 def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[str, str]) -> dict[str, Any]:
@@ -70,12 +76,17 @@ def _inprocess_vllm(python: Path, workload: Workload, caching: bool, env: dict[s
     return parsed
 
 
+#: The engines the bench can run, in the order it runs them (``--engines``).
+ENGINES = ("transformers", "inprocess", "server")
+
+
 def bench_engines(
     quick: bool,
     *,
     threads: int | None = None,
     seed: int = 0,
     dtype: str | None = None,
+    engines: Sequence[str] = ENGINES,
     say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Run the comparison (see the module docstring); returns one JSON-able dict.
@@ -86,8 +97,12 @@ def bench_engines(
         seed: the sampling seed of every run.
         dtype: every engine's dtype (default: float32 on a CPU, bfloat16 on a GPU); vLLM in process gets
             it through ``$PRMLOOP_VLLM_OPTIONS``, the server as its ``--dtype`` flag.
+        engines: which of :data:`ENGINES` to run (a ratio needs both of its engines).
         say: progress lines.
     """
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown or not engines:
+        raise ValueError(f"--engines takes some of {', '.join(ENGINES)}, got {', '.join(engines) or 'none'}")
     from prmloop.models.backends.openai_backend import TokenizedOpenAIBackend, load_tokenizer
     from prmloop.models.backends.transformers_backend import TransformersBackend
 
@@ -98,6 +113,7 @@ def bench_engines(
         "quick": quick,
         "workload": asdict(workload),
         "threads": threads,
+        "engines": [e for e in ENGINES if e in engines],
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
     }
     import torch
@@ -107,18 +123,22 @@ def bench_engines(
     dtype = dtype or default_dtype
     result["device"] = torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({os.cpu_count()} cores)"
     result["dtype"], result["cpu_flags"] = dtype, cpu_flags()
-    say(f"transformers in process ({device}, {dtype})")
-    backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads, device=device, dtype=dtype)
-    result["transformers"] = run_workload(backend, workload)
-    say(json.dumps({"transformers": result["transformers"]}))
-    del backend
-    gc.collect()
-    try:
-        python = vllm_python()
-        model = converted_model(python)
-    except EngineError as exc:
-        result["vllm_inprocess"] = result["vllm_server"] = f"skipped: {exc}"
+    if "transformers" in engines:
+        say(f"transformers in process ({device}, {dtype})")
+        backend = TransformersBackend.from_pretrained("smollm2", num_threads=threads, device=device, dtype=dtype)
+        result["transformers"] = run_workload(backend, workload)
+        say(json.dumps({"transformers": result["transformers"]}))
+        del backend
+        gc.collect()
+    if not {"inprocess", "server"} & set(engines):
         python = model = None
+    else:
+        try:
+            python = vllm_python()
+            model = converted_model(python)
+        except EngineError as exc:
+            result["vllm_inprocess"] = result["vllm_server"] = f"skipped: {exc}"
+            python = model = None
     if python is not None and model is not None:
         env = {**os.environ, **engine_environment(threads), **engine_key_environment()}
         # Every engine in the bench's dtype (the loop's engine picks its own, flows.engine.cpu_dtype): the
@@ -128,9 +148,12 @@ def bench_engines(
         inprocess: dict[str, Any] = {}
         server: dict[str, Any] = {}
         for caching, key in ((True, "prefix_cache_on"), (False, "prefix_cache_off")):
-            say(f"vLLM in process, {key}")
-            inprocess[key] = _inprocess_vllm(python, workload, caching, env)
-            say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
+            if "inprocess" in engines:
+                say(f"vLLM in process, {key}")
+                inprocess[key] = _inprocess_vllm(python, workload, caching, env)
+                say(json.dumps({"vllm_inprocess": {key: inprocess[key]}}))
+            if "server" not in engines:
+                continue
             say(f"vLLM server, {key}")
             with engine_server(python, model, caching, env, overrides) as (url, start_s):
                 client = TokenizedOpenAIBackend(
@@ -143,24 +166,18 @@ def bench_engines(
                 with client:
                     server[key] = {"start_s": round(start_s, 1), **run_workload(client, workload, sampling=caching)}
             say(json.dumps({"vllm_server": {key: server[key]}}))
-        result["vllm_inprocess"], result["vllm_server"] = inprocess, server
-        tf = result["transformers"]
-        result["vllm_to_transformers_ratio"] = _ratio(
-            server["prefix_cache_on"]["sampling"]["tokens_per_s"], tf["sampling"]["tokens_per_s"]
-        )
+        result |= {"vllm_inprocess": inprocess or "not asked for", "vllm_server": server or "not asked for"}
+        tf: dict[str, Any] = result.get("transformers", {})
+        result["vllm_to_transformers_ratio"] = _ratio(_tps(server, "on", "sampling"), _tps(tf, None, "sampling"))
         result["vllm_inprocess_to_transformers_ratio"] = _ratio(
-            inprocess["prefix_cache_on"]["sampling"]["tokens_per_s"], tf["sampling"]["tokens_per_s"]
+            _tps(inprocess, "on", "sampling"), _tps(tf, None, "sampling")
         )
-        result["prefix_cache_speedup"] = _ratio(
-            server["prefix_cache_on"]["rollouts"]["tokens_per_s"],
-            server["prefix_cache_off"]["rollouts"]["tokens_per_s"],
-        )
+        result["prefix_cache_speedup"] = _ratio(_tps(server, "on", "rollouts"), _tps(server, "off", "rollouts"))
         result["inprocess_prefix_cache_speedup"] = _ratio(
-            inprocess["prefix_cache_on"]["rollouts"]["tokens_per_s"],
-            inprocess["prefix_cache_off"]["rollouts"]["tokens_per_s"],
+            _tps(inprocess, "on", "rollouts"), _tps(inprocess, "off", "rollouts")
         )
         result["vllm_rollouts_to_transformers_ratio"] = _ratio(
-            server["prefix_cache_on"]["rollouts"]["tokens_per_s"], tf["rollouts"]["tokens_per_s"]
+            _tps(server, "on", "rollouts"), _tps(tf, None, "rollouts")
         )
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     return result

@@ -85,6 +85,13 @@ def test_sql_refuses_statements_that_change_anything(db: Path, tmp_path: Path, s
     assert after.stdout.splitlines()[1] == "100"  # nothing was lost
 
 
+def test_bench_generate_names_the_engines_it_can_run(tmp_path: Path) -> None:
+    result = cli("bench", "generate", "--quick", "--engines", "server,gpu", home=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "--engines takes some of transformers, inprocess, server, got server, gpu" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_commands_that_need_a_broker_say_how_to_get_one(tmp_path: Path) -> None:
     result = cli("topics", home=tmp_path)
     assert result.returncode == 2

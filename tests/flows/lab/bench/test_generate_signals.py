@@ -1,8 +1,9 @@
 """SIGTERM to `prmloop bench generate` stops the vLLM server it started (issue 39, point 7).
 
 What the issue saw: the bench's server kept running as an orphan (parent 1, 800 MB, holding the cores).
-Real components: the bench, the vLLM server from .venv-vllm; the test waits for the server to appear
-among the bench's descendants, sends the bench SIGTERM, and checks that nothing of it is left.
+Real components: the bench (its server engine only: ``--engines server``), the vLLM server from
+.venv-vllm; the test waits for the server to appear among the bench's descendants, sends the bench
+SIGTERM, and checks that nothing of it is left.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.vllm]
+
+SERVER_ONLY = ("--engines", "server")
 
 
 def _descendants(root: int) -> set[int]:
@@ -56,7 +59,7 @@ def test_sigterm_to_bench_generate_leaves_no_vllm_server(tmp_path: Path) -> None
         pytest.skip(f"no vLLM engine here: {reason}")
     env = {**os.environ, "PRMLOOP_HOME": str(tmp_path)}
     bench = subprocess.Popen(
-        [sys.executable, "-m", "prmloop.flows.cli", "bench", "generate", "--quick", "--threads", "1"],
+        [sys.executable, "-m", "prmloop.flows.cli", "bench", "generate", "--quick", "--threads", "1", *SERVER_ONLY],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
