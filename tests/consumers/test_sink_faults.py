@@ -38,22 +38,25 @@ def stored_ids(db: Path, ids: list[uuid.UUID]) -> set[uuid.UUID]:
 
 
 @pytest.mark.slow
-def test_sink_killed_twelve_times_while_events_flow_loses_and_duplicates_nothing(
-    kafka_bootstrap: str, tmp_path: Path, sink_tools: SinkTools
+@pytest.mark.parametrize(
+    ("kills", "n"),
+    # make test kills four times; make test-soak twelve, under three times the events.
+    [pytest.param(4, 800, id="4 kills"), pytest.param(12, 2400, id="12 kills", marks=pytest.mark.soak)],
+)
+def test_a_sink_killed_again_and_again_while_events_flow_loses_and_duplicates_nothing(
+    kafka_bootstrap: str, tmp_path: Path, sink_tools: SinkTools, kills: int, n: int
 ) -> None:
-    events = sink_tools.fresh_events(2400, seed=101)
+    events = sink_tools.fresh_events(n, seed=101)
     db = tmp_path / "store.duckdb"
     group = f"sink-{uuid.uuid4().hex[:8]}"
     rng = random.Random(5)
 
     publisher = sink_tools.publish_slowly(kafka_bootstrap, events, pause_s=0.5)
-    kills = 0
-    while kills < 12:
+    for _ in range(kills):
         proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)
         time.sleep(rng.uniform(0.05, 1.5))
         proc.kill()
         proc.wait(timeout=30)
-        kills += 1
     publisher.join()
 
     proc = sink_tools.start(kafka_bootstrap, str(db), group, tmp_path, max_batch=500)

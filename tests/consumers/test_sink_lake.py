@@ -73,6 +73,7 @@ def test_two_sinks_in_one_group_killed_now_and_then_store_everything_once(
     _run(sink_tools, kafka_bootstrap, lake_store, tmp_path, n=1200, kills=2, seed=301)
 
 
+@pytest.mark.soak  # make test runs the two-kill test above
 @pytest.mark.slow
 def test_two_sinks_killed_six_times_while_events_flow_lose_and_double_nothing(
     kafka_bootstrap: str, lake_store: LakeStore, tmp_path: Path, sink_tools: SinkTools
