@@ -40,7 +40,7 @@ from prmloop.flows.ops.peer import is_own_user, loopback_peer_uid, open_tcp_tabl
 
 __all__ = ["main"]
 
-log = logging.getLogger("prmloop.brokergate")
+log = logging.getLogger("prmloop.flows.ops.broker_gate")
 
 _BUFFER = 256 * 1024
 

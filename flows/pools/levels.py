@@ -6,7 +6,7 @@ Monte-Carlo step labels (EpicPRM Sec. 3.1; Qwen "Lessons", Sec. 2) come from rol
 gold answer from some steps and not from others. :mod:`prmloop.models.arith` generates such questions
 in levels; this evaluation samples ``k`` solutions of ``n_questions`` questions per level with the
 same pieces the sampling flow uses (:func:`~prmloop.models.prompts.solution_prompt`, the backend's
-``generate``, :func:`~prmloop.models.steps.split_steps`, :func:`~prmloop.models.grading.extract_answer`
+``generate``, :func:`~prmloop.models.steps.split_steps`, :func:`~prmloop.models.answers.extract_answer`
 and :func:`~prmloop.models.grading.grade`) and runs the exact checker
 (:func:`~prmloop.models.arith.check_steps`) on every solution.
 

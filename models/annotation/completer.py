@@ -113,7 +113,7 @@ class GeneratorCompleter:
 
     The state ``[q; a_1..a_t]`` is rendered exactly as the solution was sampled
     (:func:`prmloop.models.prompts.solution_prompt` plus the steps in ``style``), so the model continues
-    with step ``t + 1``. The final answer of a rollout is :func:`prmloop.models.grading.extract_answer`
+    with step ``t + 1``. The final answer of a rollout is :func:`prmloop.models.answers.extract_answer`
     of the generated text (``None`` when it states none); a rollout cut by ``max_new_tokens`` reports
     ``finish_reason="length"``, which the estimator counts and grades as wrong.
 

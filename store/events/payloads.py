@@ -364,7 +364,7 @@ class ModelRegistered(Payload):
     train_examples: Count64
     parameters: dict[str, JsonData] = Field(default_factory=dict)
     metrics: dict[str, Real] = Field(default_factory=dict)
-    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/signing.py)")
+    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/auth/signing.py)")
 
 
 class CalibrationFitted(Payload):
@@ -379,4 +379,4 @@ class CalibrationFitted(Payload):
     fit: dict[str, JsonData] = Field(description="fitted parameters (b, alpha, KDE grid, ...)")
     calibration_split: str
     metrics: dict[str, Real] = Field(default_factory=dict)
-    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/signing.py)")
+    signature: str | None = Field(default=None, description="hmac-sha256 by prmloop's key (store/auth/signing.py)")

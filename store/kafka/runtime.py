@@ -206,7 +206,7 @@ class ConsumerRuntime(Reconnecting):
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-        try:  # no LeaveGroup (store.kafka.without_leave_group): the broker expires the member
+        try:  # no LeaveGroup (store.kafka.producer.without_leave_group): the broker expires the member
             self._consumer.close(autocommit=False, timeout_ms=5_000)
         except KafkaError as exc:  # leaving the group is best effort: the session times out anyway
             log.warning("closing the consumer failed: %r", exc)

@@ -166,7 +166,7 @@ WHERE event_type IN ('StepsLabeled', 'StepsJudged');
 
 -- `promoted`: the registry's decision when the model was registered (its metric was not worse than
 -- the model then in force); `signed`: it carries a signature; `in_force`: the newest promoted signed
--- model of its kind. SQL cannot check the signature (the key is in no table): store/registry.py
+-- model of its kind. SQL cannot check the signature (the key is in no table): store/tables/registry.py
 -- (models_in_force) does, and so what the loop uses, `models list` and `status` name the newest
 -- promoted model whose signature verifies. Several models of a kind may have been promoted.
 CREATE OR REPLACE VIEW model_versions AS

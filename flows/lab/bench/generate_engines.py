@@ -141,7 +141,7 @@ def bench_engines(
             python = model = None
     if python is not None and model is not None:
         env = {**os.environ, **engine_environment(threads), **engine_key_environment()}
-        # Every engine in the bench's dtype (the loop's engine picks its own, flows.engine.cpu_dtype): the
+        # Every engine in the bench's dtype (the loop's engine picks its own, flows.ops.engine.cpu_dtype): the
         # in-process runs read it from their environment, the server from its flags.
         overrides = {"dtype": dtype}
         env[OPTIONS_VARIABLE] = json.dumps({**engine_options_from_environment(), **overrides})

@@ -1,4 +1,4 @@
-"""Leaving a consumer group by silence (store.kafka.without_leave_group), against the real Tansu broker.
+"""Leaving a consumer group by silence (store.kafka.producer.without_leave_group), against the real Tansu broker.
 
 The scene of the chaos test's hang after PostgreSQL's restart, made deterministic: a group's leader
 holds every partition; a second member joins, so the group re-forms and waits for its leader's new
