@@ -75,7 +75,7 @@ class StateSettings(BaseSettings):
     #: ``$PRMLOOP_HOME/lake/data``).
     store: str | None = Field(default=None, description="PRMLOOP_STORE")
     #: ``PRMLOOP_BROKER_STORAGE``: where ``prmloop broker`` keeps topics: ``memory``, ``postgres`` (a
-    #: PostgreSQL of its own) or a ``postgresql://`` URL (see :func:`prmloop.flows.ops.postgres.resolve_storage`).
+    #: PostgreSQL of its own) or a ``postgresql://`` URL.
     broker_storage: str = Field(default="memory", description="PRMLOOP_BROKER_STORAGE")
 
     @property

@@ -87,7 +87,7 @@ class OpenAICompatibleBackend:
         except httpx.HTTPError as exc:
             raise OpenAIServerError(
                 f"cannot reach the completions server at {self.base_url} ({type(exc).__name__}: {exc}); "
-                "is it running (`vllm serve ...` or `python -m prmloop.flows.ops.serve`) and is base_url right?"
+                "is it running (`vllm serve ...` or `prmloop serve`) and is base_url right?"
             ) from exc
         if response.status_code != 200:
             try:
@@ -126,7 +126,7 @@ class OpenAICompatibleBackend:
                 raise OpenAIServerError(
                     f"{url} returned token {token!r} instead of 'token_id:<id>': the server ignores "
                     "return_tokens_as_token_ids; use a vLLM server that supports it "
-                    "or `python -m prmloop.flows.ops.serve`"
+                    "or `prmloop serve`"
                 )
             ids.append(int(token.removeprefix(_TOKEN_ID_PREFIX)))
         return ids

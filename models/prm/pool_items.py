@@ -1,7 +1,7 @@
 """Solutions with exact first errors: the items of the loop's held-out set and of the active bench's pools,
 their split, and the held-out F1 of an ensemble PRM on them.
 
-The pools are built by :mod:`prmloop.flows.pools.build`; what an item is and how a PRM is scored on
+The pools are built once by the loop's pool builder; what an item is and how a PRM is scored on
 items live here, below every flow, so the loop's retraining and the benchmarks share one definition.
 """
 

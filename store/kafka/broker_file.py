@@ -1,5 +1,5 @@
 """``$PRMLOOP_HOME/broker.json``: where the embedded broker of a home listens, written by the broker
-(:mod:`prmloop.flows.ops.broker`) and read by every client that is given no ``KAFKA_BOOTSTRAP_SERVERS``
+itself and read by every client that is given no ``KAFKA_BOOTSTRAP_SERVERS``
 (and by :mod:`prmloop.store.kafka.follow`, which follows a broker's replacements)."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class BrokerInfo:
 
 
 class RunningBroker(Protocol):
-    """What ``broker.json`` records of a running broker (:class:`prmloop.flows.ops.broker.EmbeddedBroker`)."""
+    """What ``broker.json`` records of a running embedded broker."""
 
     @property
     def bootstrap_servers(self) -> str: ...

@@ -9,7 +9,7 @@ replaced, say so in their logs, and reconnect to the new one. A client given
 ``KAFKA_BOOTSTRAP_SERVERS`` follows nothing: a real cluster keeps its address and its data, and
 kafka-python reconnects to it by itself.
 
-Brokers of a cluster on durable storage (:mod:`prmloop.flows.ops.broker`) each advertise only
+Brokers of a cluster on durable storage (``prmloop up --cluster``) each advertise only
 themselves, and kafka-python never goes back to its bootstrap list once it knows a broker: a client
 given several addresses (``KAFKA_BOOTSTRAP_SERVERS=a:1,b:2``) keeps a watch with those ``peers``, and
 when the broker it reads from stops answering it moves to one that answers (same cluster, same
