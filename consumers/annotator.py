@@ -17,20 +17,16 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, field_validator
-from pydantic_settings import SettingsConfigDict
-
+from prmloop.consumers.annotator_settings import AnnotatorSettings
 from prmloop.consumers.annotator_stats import AnnotatorStats
 from prmloop.models.annotation.completer import AnswerChecker, Completer, GeneratorCompleter, exact_match
 from prmloop.models.annotation.estimate import SharedStarts
-from prmloop.models.annotation.strategies import STRATEGIES, Annotation, AnnotationStrategy, SolutionToLabel, annotate
-from prmloop.models.backends.registry import EngineSettings
+from prmloop.models.annotation.strategies import Annotation, AnnotationStrategy, SolutionToLabel, annotate
 from prmloop.models.prompts import prompt_format_of
-from prmloop.models.simulator import SimulatorOptions
 from prmloop.store.events import (
     CostLedger,
     Envelope,
@@ -63,80 +59,6 @@ log = logging.getLogger(__name__)
 
 PRODUCER = "prmloop.annotator/1"
 ANNOTATOR_GROUP = "prmloop-annotator"
-
-
-class AnnotatorSettings(EngineSettings, SimulatorOptions):
-    """Options of the annotator service (``prmloop annotate``; environment ``PRMLOOP_ANNOTATOR_*``)."""
-
-    model_config = SettingsConfigDict(env_prefix="PRMLOOP_ANNOTATOR_", frozen=True, extra="ignore")
-
-    strategy: str = Field(
-        default="adaptive_binary",
-        description="sequential, binary, adaptive_binary, uncertainty_driven or bisection (Δu prior, sequential stop)",
-    )
-    completer: Literal["model", "simulator"] = Field(default="model", description="a model backend, or the simulator")
-    prompt_format: Literal["step_k", "double_newline", "step_k_arith"] = Field(
-        default="step_k",
-        description="prompt the completer continues in evaluations (the service uses each solution's own)",
-    )
-    temperature: float = Field(default=0.7, ge=0.0, description="rollout sampling temperature")
-    max_new_tokens: int = Field(default=384, ge=1, description="rollout budget; longer rollouts count as wrong")
-    stop_at_answer: bool = Field(
-        default=True,
-        description="end a rollout once its answer is stated (a closed \\boxed{} or 'The answer is X.'): fewer tokens",
-    )
-    rollouts: int = Field(default=48, ge=1, description="sequential/binary: rollouts per state (hard MC)")
-    n0: int = Field(default=16, ge=1, description="adaptive sampling: first rollouts of a state (N0)")
-    n_min: int = Field(default=10, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
-    n_max: int = Field(default=72, ge=1, description="adaptive sampling: at most this many rollouts (N_max)")
-    alpha: float = Field(default=0.5, gt=0.0, description="adaptive_binary: contribution threshold")
-    weighting: str | None = Field(
-        default=None, description="MC weighting: count, inv_ppl (1/PPL, default) or log_ppl (printed Eq. 2)"
-    )
-    in_flight: int = Field(
-        default=1,
-        ge=1,
-        description="solutions annotated at once (a server engine batches them; transformers gets them as one batch)",
-    )
-    group: str = Field(
-        default="prmloop-annotator", description="consumer group; processes in one group share partitions"
-    )
-    topic: str = Field(
-        default=SolutionSelected.TOPIC,
-        description="read the selector's decisions (steps.selected), or every scored solution (steps.scored)",
-    )
-    until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
-    max_solutions: int | None = Field(
-        default=None, ge=1, description="stop after searching this many incorrect solutions (the rest stay uncommitted)"
-    )
-    free_only: bool = Field(
-        default=False, description="label only the correct solutions (no rollouts); run it in a --group of its own"
-    )
-    sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
-    seed: int = Field(default=0, description="rollout seed: the same state and draw give the same rollouts")
-
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        if value not in STRATEGIES:
-            raise ValueError(f"unknown annotation strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
-        return value
-
-    def make_strategy(self) -> AnnotationStrategy:
-        """The configured strategy with its parameters (fixed N for the hard-MC baselines)."""
-        from prmloop.models.annotation.estimate import Sampling
-        from prmloop.models.annotation.strategies import make_strategy
-
-        params: dict[str, Any] = {}
-        if self.strategy in ("sequential", "binary"):
-            params["n"] = self.rollouts
-        else:
-            params["sampling"] = Sampling(n0=self.n0, n_min_correct=self.n_min, n_max=max(self.n_max, self.n0))
-            if self.strategy in ("adaptive_binary", "bisection"):
-                params["alpha"] = self.alpha
-        if self.weighting is not None:
-            params["weighting"] = self.weighting
-        return make_strategy(self.strategy, **params)
 
 
 def build_annotator(
@@ -311,7 +233,28 @@ class Annotator:
         costly = todo[len(free) :]  # labelling_order puts the free ones first
         if self.max_in_flight == 1 or len(costly) <= 1:
             return rejected + self._settle(costly, [self._one(c) for c in costly])
-        return rejected + self._settle(costly, list(self._pool.map(self._one, costly)))
+        return rejected + self._settle_as_done(costly)
+
+    def _settle_as_done(self, costly: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]]:
+        """Annotate ``costly`` ``max_in_flight`` at a time and publish each label the moment its search
+        ends, not when the batch's slowest search does: consensus and retraining see it at once. The batch's
+        offsets are still committed after the last (a restart re-publishes the same ids; the sink keeps one)."""
+        futures = {self._pool.submit(self._one, c): i for i, c in enumerate(costly)}
+        results: list[tuple[str, Envelope | str | None]] = [("reject", "not annotated")] * len(costly)
+        aborted: list[str] = []
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            kind, value = results[i]
+            if kind == "event":
+                self._settle([costly[i]], [results[i]])
+            elif kind == "abort":
+                aborted.append(str(value))
+        rejected = [(c, str(v)) for c, (kind, v) in zip(costly, results, strict=True) if kind == "reject"]
+        self.stats.count("rejected", len(rejected))
+        if aborted:
+            raise TransientError("; ".join(aborted))
+        return rejected
 
     def _settle(
         self, todo: list[ConsumedEvent], results: list[tuple[str, Envelope | str | None]]

@@ -55,7 +55,11 @@ class LoopSettings(BaseSettings):
     calibrate_minutes: float | None = Field(default=30.0, gt=0, description="calibrate the aggregation this often")
     eval_set: str = Field(default="arith", description="the retrained PRM's held-out set (arith, arith-reference)")
     eval_questions: int = Field(default=8, ge=1, description="held-out questions per level")
-    in_flight: int = Field(default=4, ge=1, description="solutions the annotator searches at once")
+    in_flight: int = Field(
+        default=12,
+        ge=1,
+        description="solutions the annotator searches at once (their rollouts fill the engine's batches)",
+    )
     rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
     max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
     threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")

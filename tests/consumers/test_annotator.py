@@ -3,6 +3,7 @@ the uncertainty-driven strategy takes its Δu from the StepsScored event it cons
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -257,8 +258,39 @@ def test_correct_solutions_are_published_before_the_batchs_rollouts_begin() -> N
 
     handler = Annotator(AdaptiveBinarySearch(), [Counting(solutions)], [SIM], publish, max_in_flight=2)
     assert list(handler(batch)) == []
-    first, second = published
+    first, *searched = published
     assert [e.payload.method for e in first] == ["all_correct", "all_correct"]
     assert rollouts_seen_at_publish[0] == 0  # published before any rollout of the batch
-    assert {e.payload.solution_id for e in second} == {"sol-" + solutions[i].question + f"-{i}" for i in (0, 2)}
+    # then each searched solution on its own, as its search ends
+    assert sorted(e.payload.solution_id for events in searched for e in events) == sorted(
+        "sol-" + solutions[i].question + f"-{i}" for i in (0, 2)
+    )
+    assert [len(events) for events in searched] == [1, 1]
     assert rollouts_seen_at_publish[1] > 0
+
+
+def test_a_label_goes_out_when_its_search_ends_not_when_the_batchs_slowest_does() -> None:
+    """Solutions in flight are published one by one as their searches end: a slow search does not hold
+    back the labels of the rest of its batch (nor the consensus and retraining that wait for them)."""
+    solutions = simulate_solutions(2, seed=3)
+    slow, fast = (f"sol-{s.question}-{i}" for i, s in enumerate(solutions))
+    batch = [_consumed(_sampled(s, i), i) for i, s in enumerate(solutions)]
+    fast_out = threading.Event()
+    inner = SimulatedCompleter(solutions)
+    published: list[list[str]] = []
+
+    class HeldBack(SimulatedCompleter):
+        def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+            if question == solutions[0].question:
+                fast_out.wait(timeout=20)  # the slow search goes on only once the fast one's label is out
+            return inner.complete(question, steps, n)
+
+    def publish(events: list[Envelope]) -> None:
+        published.append([e.payload.solution_id for e in events])
+        if any(e.payload.solution_id == fast for e in events):
+            fast_out.set()
+
+    handler = Annotator(AdaptiveBinarySearch(), [HeldBack(solutions)], [SIM], publish, max_in_flight=2)
+    assert list(handler(batch)) == []
+    assert fast_out.is_set()
+    assert published == [[fast], [slow]]

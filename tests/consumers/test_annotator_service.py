@@ -146,7 +146,9 @@ def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
         )
         assert list(handler(batch)) == []
         handler.close()
-        (out,) = published
+        # one publish of the batch one at a time; in flight, one per solution as its search ends
+        assert [len(events) for events in published] == ([8] if in_flight == 1 else [1] * 8)
+        out = [e for events in published for e in events]
         labels = {e.payload.solution_id: e.payload.model_dump() for e in out}  # type: ignore[union-attr]
         for label in labels.values():
             label["cost"].pop("wall_time_s")  # the only field allowed to differ

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.lab.bench.rounds import DemoSettings, Stages, plan_round, wait_stored
+from prmloop.flows.loop.settings import LoopSettings
 from prmloop.flows.loop.watch import EngineMeter, EventWatch
 from prmloop.store.settings import KafkaSettings, StateSettings
 
@@ -105,7 +106,8 @@ def run_rounds_arm(
         lambda stage, line: say(f"{stage}: {line}"),
         stored,
         left,
-        in_flight=4 if engine_url else 1,
+        # As many solutions in flight as the streaming arms' annotator keeps (a fair comparison).
+        in_flight=LoopSettings().in_flight if engine_url else 1,
         eval_set=eval_set,
         idle_s=idle_s,
         # Five stages each start and drain until idle_s without input, two flow runs and a retrain: a
