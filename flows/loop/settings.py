@@ -47,7 +47,12 @@ class LoopSettings(BaseSettings):
     probe_batch: int = Field(default=6, ge=1, description="new questions per feed")
     top_up_batch: int = Field(default=3, ge=0, description="queued questions topped up per feed (order=priority)")
     ahead: int = Field(
-        default=12, ge=1, description="sampled solutions waiting for the annotator, at most, before a feed"
+        default=12,
+        ge=1,
+        description=(
+            "sampled solutions waiting for the annotator, at most, before a feed (its solutions in flight"
+            " count until their batch is committed: keep it above --in-flight)"
+        ),
     )
     retrain_every: int = Field(default=10, ge=1, description="retrain after this many new accepted labels")
     retrain_seconds: float = Field(default=90.0, gt=0, description="or after this many seconds with a new one")
@@ -56,7 +61,7 @@ class LoopSettings(BaseSettings):
     eval_set: str = Field(default="arith", description="the retrained PRM's held-out set (arith, arith-reference)")
     eval_questions: int = Field(default=8, ge=1, description="held-out questions per level")
     in_flight: int = Field(
-        default=12,
+        default=4,
         ge=1,
         description="solutions the annotator searches at once (their rollouts fill the engine's batches)",
     )
