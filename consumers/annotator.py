@@ -6,9 +6,10 @@ step's Δu where known), so it reads one topic and looks nothing up. It runs on
 the partitions); offsets are committed after the labels are acknowledged. Every ``StepsLabeled`` has a
 deterministic id of (solution, strategy, parameters, completers), so a restarted annotator re-publishes
 the same id and the sink keeps each label once. ``in_flight`` solutions of a batch are annotated at
-once (worth it where the engine batches concurrent requests). :class:`AnnotatorSettings` declares every
-option once (``prmloop annotate``, ``PRMLOOP_ANNOTATOR_*``); :func:`build_annotator` builds the strategy,
-the completers and the answer checker from them.
+once (worth it where the engine batches concurrent requests), each label published as its search ends.
+:class:`AnnotatorSettings` (:mod:`prmloop.consumers.annotator_settings`) declares every option once
+(``prmloop annotate``, ``PRMLOOP_ANNOTATOR_*``); :func:`build_annotator` builds the strategy, the
+completers and the answer checker from them.
 """
 
 from __future__ import annotations
