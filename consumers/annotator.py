@@ -241,21 +241,15 @@ class Annotator:
         ends, not when the batch's slowest search does: consensus and retraining see it at once. The batch's
         offsets are still committed after the last (a restart re-publishes the same ids; the sink keeps one)."""
         futures = {self._pool.submit(self._one, c): i for i, c in enumerate(costly)}
-        results: list[tuple[str, Envelope | str | None]] = [("reject", "not annotated")] * len(costly)
-        aborted: list[str] = []
+        rest: dict[int, tuple[str, Envelope | str | None]] = {}
         for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            kind, value = results[i]
-            if kind == "event":
-                self._settle([costly[i]], [results[i]])
-            elif kind == "abort":
-                aborted.append(str(value))
-        rejected = [(c, str(v)) for c, (kind, v) in zip(costly, results, strict=True) if kind == "reject"]
-        self.stats.count("rejected", len(rejected))
-        if aborted:
-            raise TransientError("; ".join(aborted))
-        return rejected
+            i, result = futures[future], future.result()
+            if result[0] == "event":
+                self._settle([costly[i]], [result])
+            else:
+                rest[i] = result
+        order = sorted(rest)  # rejections and aborts settle as before, in the batch's order
+        return self._settle([costly[i] for i in order], [rest[i] for i in order])
 
     def _settle(
         self, todo: list[ConsumedEvent], results: list[tuple[str, Envelope | str | None]]
