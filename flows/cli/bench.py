@@ -140,7 +140,10 @@ def bench_loop_cmd(
     ] = False,
     minutes: Annotated[float, typer.Option(help="--real: wall-clock minutes per arm")] = 5.0,
     quick: Annotated[
-        bool, typer.Option(help="--real: level 1, at most 80 s per arm, a streaming arm ending at its third retrain")
+        bool,
+        typer.Option(
+            help="--real: level 1, 80 s per arm, each ending at its third retrain (rounds: past 80 s if need be)"
+        ),
     ] = False,
     arms: Annotated[str, typer.Option(help="--real: which arms, comma-separated")] = "streaming,rounds,random_order",
     levels: Annotated[

@@ -246,6 +246,8 @@ def bench_loop_real(
                             seed=seed,
                             threads=threads,
                             idle_s=1.0 if quick else 3.0,
+                            # As the streaming arms: --quick shows three points of the curve.
+                            until_retrains=3 if quick else None,
                             say=say,
                         )
                     else:

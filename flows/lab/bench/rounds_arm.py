@@ -15,12 +15,49 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.lab.bench.rounds import DemoSettings, Stages, plan_round, wait_stored
+from prmloop.flows.lab.bench.rounds import MIN_ROUND_TOKENS, DemoSettings, RoundPlan, Stages, plan_round, wait_stored
 from prmloop.flows.loop.settings import LoopSettings
 from prmloop.flows.loop.watch import EngineMeter, EventWatch
 from prmloop.store.settings import KafkaSettings, StateSettings
 
-__all__ = ["run_rounds_arm", "speed_probe"]
+__all__ = ["OVERTIME_FACTOR", "SMALLEST_ROUND", "next_round", "round_seconds", "run_rounds_arm", "speed_probe"]
+
+#: The round run past the budget for a retrain still owed: one question x 4, one solution annotated.
+SMALLEST_ROUND = RoundPlan(questions=1, k=4, annotate=1)
+#: How far past its budget an arm owed retrains may run, as a multiple of the budget.
+OVERTIME_FACTOR = 4.0
+
+
+def next_round(
+    *,
+    tokens_per_s: float,
+    left_s: float,
+    index: int,
+    rounds: int,
+    overhead_s: float,
+    retrains: int,
+    until_retrains: int | None,
+    elapsed_s: float,
+    budget_s: float,
+) -> tuple[RoundPlan | None, bool]:
+    """Round ``index``'s plan (``None``: the arm ends) and whether it runs past the budget: the
+    :func:`plan_round` of the ``rounds`` while the time left holds one, else :data:`SMALLEST_ROUND`
+    while scored retrains are owed (``until_retrains``) and the overtime cap (``OVERTIME_FACTOR`` x
+    ``budget_s`` in all) is not reached."""
+    if index < rounds:
+        plan = plan_round(tokens_per_s, left_s, rounds - index, overhead_s=overhead_s, reserve_s=0.0)
+        if plan is not None:
+            return plan, False
+    owed = until_retrains is not None and retrains < until_retrains
+    if owed and elapsed_s < OVERTIME_FACTOR * budget_s:
+        return SMALLEST_ROUND, True
+    return None, False
+
+
+def round_seconds(tokens_per_s: float, overhead_s: float) -> float:
+    """The time the smallest round needs: its fixed cost twice (the stages' drains, and the reserve the
+    annotator's cut keeps) and its tokens at the speed measured so far."""
+    return 2 * overhead_s + MIN_ROUND_TOKENS / max(tokens_per_s, 1.0)
 
 
 def speed_probe(threads: int | None, base_url: str | None = None, api_key: str | None = None) -> float:
@@ -60,11 +97,15 @@ def run_rounds_arm(
     seed: int = 0,
     threads: int | None = None,
     idle_s: float = 3.0,
+    until_retrains: int | None = None,
     say: Any = print,
 ) -> dict[str, Any]:
     """Rounds until ``budget_s`` seconds have passed; the same figures as ``Loop.result``. ``levels``:
     curriculum levels taken in turn, one per round; ``idle_s``: how long each stage's service waits for
-    more input before the round moves on."""
+    more input before the round moves on. ``until_retrains``: where the budget holds fewer scored
+    retrains, the smallest round (:data:`SMALLEST_ROUND`) runs past it until there are that many, for at
+    most ``OVERTIME_FACTOR`` times the budget in all (``--quick``: the arm's curve gets its three points
+    as the streaming arms', which end at their third retrain)."""
     from prmloop.flows.ops.engine import service_environment
     from prmloop.flows.ops.stack import down, up
     from prmloop.store.kafka.broker_file import find_bootstrap_servers
@@ -94,8 +135,10 @@ def run_rounds_arm(
         except (StoreLocked, FileNotFoundError):
             return -1
 
+    deadline = started + budget_s
+
     def left() -> float:
-        return started + budget_s - time.monotonic()
+        return deadline - time.monotonic()
 
     settings = DemoSettings(home=home, minutes=budget_s / 60, threads=threads, levels=levels, seed=seed, rounds=rounds)
     stages = Stages(
@@ -120,19 +163,37 @@ def run_rounds_arm(
     try:
         speed = speed_probe(threads, engine_url)
         measured_tokens, measured_s = 0.0, 0.0
-        for index in range(rounds):
+        index = 0
+        while True:
             rate = (measured_tokens / measured_s) if measured_s > 20 else speed
-            plan = plan_round(rate, left(), rounds - index, overhead_s=stages.overhead_s, reserve_s=0.0)
+            plan, overtime = next_round(
+                tokens_per_s=rate,
+                left_s=left(),
+                index=index,
+                rounds=rounds,
+                overhead_s=stages.overhead_s,
+                retrains=retrains,
+                until_retrains=until_retrains,
+                elapsed_s=time.monotonic() - started,
+                budget_s=budget_s,
+            )
+            if overtime:
+                # The round's stages see the time it needs as their budget (the annotator's cut reads it).
+                deadline = max(deadline, time.monotonic() + round_seconds(rate, stages.overhead_s))
+                say(f"rounds: round {index + 1} past the budget (the smallest round) for scored retrain {retrains + 1}")
             if plan is None:
                 say(f"rounds: round {index + 1} cut ({left():.0f}s left at {rate:.0f} tokens/s)")
                 break
-            result = stages.round(index, rounds, plan)
+            result = stages.round(index, max(rounds, index + 1), plan)
+            index += 1
             measured_tokens += result["generated_tokens"]
             measured_s += result["generation_s"]
             retrained = result["retrain"]
             if retrained.get("metrics"):
                 retrains += 1
                 curve.append([round(time.monotonic() - started, 1), round(retrained["metrics"]["heldout_f1"], 4)])
+            if until_retrains is not None and retrains >= until_retrains:
+                break
         wait_stored(stored, timeout_s=30)
     finally:
         wall = time.monotonic() - started

@@ -160,3 +160,32 @@ def test_the_json_names_where_in_process_models_run(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
     assert in_process_device() == "cuda (NVIDIA H200)"
+
+
+def test_the_quick_rounds_arm_runs_the_smallest_round_past_its_budget_until_three_retrains() -> None:
+    """Seen: `bench loop --real --quick` gave the rounds arm 80 s, which held one round (its fixed cost is
+    about 20 s a round with 1 s drains), so its curve had one point against the streaming arms' three."""
+    from prmloop.flows.lab.bench.rounds_arm import OVERTIME_FACTOR, SMALLEST_ROUND, next_round, round_seconds
+
+    common = {"rounds": 3, "overhead_s": 20.0, "budget_s": 80.0}
+    # 25 tokens/s, 80 s left, 3 rounds of 20 s fixed cost: 3 rounds leave 20 s (166 tokens each), 2 leave
+    # 40 s (500 each), one leaves 60 s (1,500 tokens): int(0.4 x 1500 / (6 x 70)) = 1 question,
+    # int(0.6 x 1500 / 500) = 1 solution annotated.
+    plan, overtime = next_round(
+        tokens_per_s=25.0, left_s=80.0, index=0, retrains=0, until_retrains=3, elapsed_s=0.0, **common
+    )
+    assert plan is not None and (plan.questions, plan.k, plan.annotate) == (1, 4, 1) and not overtime
+    # 5 s left after that round: no planned round fits; with retrains owed the smallest runs past the budget.
+    late = {"tokens_per_s": 25.0, "left_s": 5.0, "index": 1, "elapsed_s": 75.0}
+    assert next_round(retrains=1, until_retrains=3, **late, **common) == (SMALLEST_ROUND, True)
+    assert next_round(retrains=1, until_retrains=None, **late, **common) == (None, False)
+    assert next_round(retrains=3, until_retrains=3, **late, **common) == (None, False)
+    # The cap: past OVERTIME_FACTOR x the budget no round runs, retrains owed or not.
+    capped = {**late, "index": 6, "elapsed_s": OVERTIME_FACTOR * 80.0 + 1}
+    assert next_round(retrains=2, until_retrains=3, **capped, **common) == (None, False)
+    # Past the planned rounds, time left or not, only an owed retrain runs one more round.
+    after = {"tokens_per_s": 25.0, "left_s": 500.0, "index": 3, "elapsed_s": 60.0}
+    assert next_round(retrains=2, until_retrains=3, **after, **common) == (SMALLEST_ROUND, True)
+    assert next_round(retrains=2, until_retrains=None, **after, **common) == (None, False)
+    # The smallest round's time: its fixed cost twice and MIN_ROUND_TOKENS (6 x 70 / 0.4 = 1,050) at 25/s.
+    assert round_seconds(25.0, 20.0) == pytest.approx(40.0 + 42.0)
