@@ -28,9 +28,19 @@ from typing import Any
 
 from prmloop.store.settings import StateSettings
 
-__all__ = ["ARMS", "bench_loop_real", "exact_label_f1", "f1_at_tokens", "in_process_device", "warm_features"]
+__all__ = [
+    "ARMS",
+    "QUICK_RETRAINS",
+    "bench_loop_real",
+    "exact_label_f1",
+    "f1_at_tokens",
+    "in_process_device",
+    "warm_features",
+]
 
 ARMS = ("streaming", "rounds", "random_order")
+#: --quick shows the curve's mechanism, not its height: each arm ends at this many scored retrains.
+QUICK_RETRAINS = 3
 
 
 @contextlib.contextmanager
@@ -154,8 +164,7 @@ def _streaming_arm(
         retrain_every=2 if quick else 10,
         retrain_seconds=10.0 if quick else 60.0,
         min_labels=2 if quick else 6,
-        # --quick shows the curve's mechanism, not its height.
-        until_retrains=3 if quick else None,
+        until_retrains=QUICK_RETRAINS if quick else None,
         calibrate_minutes=None,
     )
     services = tuple(s for s in LOOP_SERVICES if s not in ("prefect", "deployments"))
@@ -249,8 +258,7 @@ def bench_loop_real(
                             seed=seed,
                             threads=threads,
                             idle_s=1.0 if quick else 3.0,
-                            # As the streaming arms: --quick shows three points of the curve.
-                            until_retrains=3 if quick else None,
+                            until_retrains=QUICK_RETRAINS if quick else None,
                             say=say,
                         )
                     else:
