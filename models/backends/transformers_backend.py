@@ -7,6 +7,9 @@ log-probability of each sampled token is recorded *inside* that call by a logits
 before temperature and top-p, from the raw logits of the step (``log_softmax``), so it is the model's
 ``log p(token | context)`` and agrees with a teacher-forced forward pass (:meth:`score`). Only one
 ``[batch, vocab]`` tensor is kept at a time, unlike ``output_logits=True`` which keeps every step.
+
+This module owns the model, its lock, threads, seeding and batching; how one generation is configured
+and how its rows are read back as completions is :mod:`~prmloop.models.backends.transformers_decoding`'s.
 """
 
 from __future__ import annotations
@@ -18,8 +21,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
 
-from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
-from prmloop.models.backends.stopping import StopInCompletion, first_stop
+from prmloop.models.backends.base import Completion, SamplingParams, ScoredText
+from prmloop.models.backends.transformers_decoding import (
+    SampledTokenLogprobs,
+    generation_kwargs,
+    neutral_generation_config,
+    read_completion,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -39,36 +47,6 @@ def default_device() -> str:
     else the CPU. The loop's services build their backends without naming one, so on a GPU machine every
     stage samples, scores and rolls out there."""
     return "cuda" if _torch().cuda.is_available() else "cpu"
-
-
-class _SampledTokenLogprobs:
-    """Logits processor that records ``log_softmax(raw logits)[sampled token]`` for every step.
-
-    At step ``t`` it sees the token chosen at step ``t - 1`` as the last column of ``input_ids`` and
-    reads its log-probability from the distribution it kept from step ``t - 1``; :meth:`finish`
-    reads the last one after ``generate`` returns. It must run first, before any warper.
-    """
-
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []
-        self._previous: torch.Tensor | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        torch = _torch()
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """``[rows, generated tokens]`` log-probabilities once ``generate`` has returned ``sequences``."""
-        torch = _torch()
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, sequences[:, -1:]).squeeze(1))
-            self._previous = None
-        if not self.steps:
-            return torch.zeros((sequences.shape[0], 0))
-        return torch.stack(self.steps, dim=1)
 
 
 def _quiet_gguf_progress() -> None:
@@ -131,7 +109,7 @@ class TransformersBackend:
         # The checkpoint's sampling defaults (repetition penalty, top-k, ...) are kept for reference
         # only: generate() would apply them before the log-probability recorder. SamplingParams rule.
         self.checkpoint_generation_config = model.generation_config
-        self.model.generation_config = _neutral_generation_config(model.generation_config)
+        self.model.generation_config = neutral_generation_config(model.generation_config)
         # generate() is neither thread-safe nor reentrant on one model, and seeding touches global RNG.
         self._lock = threading.Lock()
 
@@ -303,39 +281,8 @@ class TransformersBackend:
         return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     def generation_kwargs(self, params: SamplingParams, copies: int, prompt_width: int) -> dict[str, Any]:
-        """``model.generate`` keyword arguments for ``params``.
-
-        A fresh generation config with neutral sampling values switches every built-in warper off;
-        the warpers for ``params`` are passed as ``logits_processor`` so that they run *after* the
-        log-probability recorder (custom processors are appended after the built-in ones).
-        """
-        from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
-
-        # Neutral values, set explicitly: generate() fills unset (None) fields from the model's config
-        # and then from global defaults (top_k=50), and built-in processors run *before* the recorder.
-        config = GenerationConfig(
-            do_sample=not params.greedy,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=None if params.greedy else 0,
-            num_return_sequences=copies,
-            max_new_tokens=params.max_new_tokens,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=sorted(self._eos_ids),
-        )
-        warpers = LogitsProcessorList()
-        if not params.greedy and params.temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(params.temperature))
-        if not params.greedy and params.top_p < 1.0:
-            warpers.append(TopPLogitsWarper(params.top_p))
-        kwargs: dict[str, Any] = {"generation_config": config, "logits_processor": warpers}
-        if params.stop or params.stop_at_answer:
-            from transformers import StoppingCriteriaList
-
-            kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [StopInCompletion(self.tokenizer, params.stop, prompt_width, at_answer=params.stop_at_answer)]
-            )
-        return kwargs
+        """``model.generate`` keyword arguments for ``params`` (its warpers after the log-probability recorder)."""
+        return generation_kwargs(self.tokenizer, self._eos_ids, params, copies, prompt_width)
 
     def _shared_prefix_inputs(self, inputs: dict[str, torch.Tensor], copies: int) -> dict[str, Any] | None:
         """Prefill each prompt once and repeat its KV cache ``copies`` times (prefix sharing).
@@ -374,7 +321,7 @@ class TransformersBackend:
         prompt_width = inputs["input_ids"].shape[1]
         shared = self._shared_prefix_inputs(inputs, copies) if copies > 1 and self.share_prefix else None
         kwargs = self.generation_kwargs(params, 1 if shared is not None else copies, prompt_width)
-        recorder = _SampledTokenLogprobs()
+        recorder = SampledTokenLogprobs()
         kwargs["logits_processor"].insert(0, recorder)
         with torch.inference_mode():
             sequences = self.model.generate(**(shared if shared is not None else inputs), **kwargs)
@@ -386,50 +333,18 @@ class TransformersBackend:
             row_completions = []
             for c in range(copies):
                 row = p * copies + c
-                row_completions.append(self._completion(generated[row], logprobs[row], int(prompt_lengths[p]), params))
+                row_completions.append(
+                    read_completion(
+                        self.tokenizer,
+                        self._eos_ids,
+                        generated[row],
+                        logprobs[row],
+                        prompt_tokens=int(prompt_lengths[p]),
+                        params=params,
+                    )
+                )
             out.append(row_completions)
         return out
-
-    def _completion(
-        self, tokens: list[int], logprobs: list[float], prompt_tokens: int, params: SamplingParams
-    ) -> Completion:
-        end = len(tokens)
-        finish: FinishReason = "length"
-        stop_reason: str | None = None
-        for i, token in enumerate(tokens):
-            if token in self._eos_ids:
-                end, finish = i + 1, "stop"
-                break
-        if params.stop:
-            # The first token whose decoded prefix contains a stop string ends the completion
-            # (generation pads finished rows, so later tokens are not samples).
-            for k in range(1, end + 1):
-                text = str(self.tokenizer.decode(tokens[:k], skip_special_tokens=True))
-                hit = first_stop(text, params.stop)
-                if hit is not None:
-                    end, finish, stop_reason = k, "stop", hit
-                    break
-        if params.stop_at_answer and stop_reason is None:
-            # The first token whose decoded prefix states the answer ends it (the answer kept).
-            from prmloop.models.answers import answer_end
-
-            for k in range(1, end + 1):
-                if answer_end(str(self.tokenizer.decode(tokens[:k], skip_special_tokens=True))) is not None:
-                    end, finish, stop_reason = k, "stop", "answer"
-                    break
-        text = str(self.tokenizer.decode(tokens[:end], skip_special_tokens=True))
-        if stop_reason == "answer":
-            text = text[: answer_end(text)]
-        elif stop_reason is not None:
-            text = text[: text.index(stop_reason)]
-        return Completion(
-            text=text,
-            token_ids=tuple(tokens[:end]),
-            logprobs=tuple(logprobs[:end]),
-            finish_reason=finish,
-            prompt_tokens=prompt_tokens,
-            stop_reason=stop_reason,
-        )
 
     # ---------------------------------------------------------------------------------------------
     # Scorer
@@ -471,15 +386,3 @@ class TransformersBackend:
                     values = logprobs[r, positions.to(self.device), targets.to(self.device)].tolist()
                     results.append(ScoredText(token_ids=tuple(cont), logprobs=tuple(values), prompt_tokens=len(prompt)))
         return results
-
-
-def _neutral_generation_config(config: Any) -> Any:
-    """A generation config with only the special-token ids of ``config`` (no sampling defaults)."""
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-    )

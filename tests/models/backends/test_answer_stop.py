@@ -13,6 +13,7 @@ from prmloop.models.answers import answer_end, extract_answer
 from prmloop.models.backends.base import Completion, SamplingParams
 from prmloop.models.backends.stopping import StopInCompletion, cut_at_answer
 from prmloop.models.backends.transformers_backend import TransformersBackend
+from prmloop.models.backends.transformers_decoding import read_completion
 
 
 @pytest.mark.parametrize(
@@ -74,8 +75,9 @@ def test_the_local_engine_stops_a_row_once_it_states_its_answer(tiny_backend: Tr
 def test_the_local_engine_keeps_the_answer_and_drops_what_follows(tiny_backend: TransformersBackend) -> None:
     tokens = _ids(tiny_backend.tokenizer, "so 3 + 4 = 7 and \\boxed{7} because it is what we found")
     logprobs = [-0.5] * len(tokens)
-    cut = tiny_backend._completion(tokens, logprobs, 10, SamplingParams(stop_at_answer=True))
-    full = tiny_backend._completion(tokens, logprobs, 10, SamplingParams())
+    tok, eos = tiny_backend.tokenizer, frozenset({int(tiny_backend.tokenizer.eos_token_id)})
+    cut = read_completion(tok, eos, tokens, logprobs, prompt_tokens=10, params=SamplingParams(stop_at_answer=True))
+    full = read_completion(tok, eos, tokens, logprobs, prompt_tokens=10, params=SamplingParams())
     assert cut.text.endswith("\\boxed{7}") and cut.stop_reason == "answer" and cut.finish_reason == "stop"
     assert len(cut.token_ids) < len(full.token_ids) == len(tokens)
     assert cut.logprobs == tuple(logprobs[: len(cut.token_ids)])
