@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from prmloop.flows.lab.bench.sink import bench_sink
 from prmloop.flows.lab.bench.sink_lake import bench_sink_lake
 
@@ -14,7 +16,9 @@ def test_the_duckdb_bench_stores_everything_once_and_reports_its_rates() -> None
     result = bench_sink(n=800, rate=200, latency_seconds=1.0)
     assert result["stored_events"] == result["stored_distinct"] == 800 + result["latency_events_sent"]
     assert result["raw_consume_eps"] > 0 and result["sink_eps"] > 0
-    assert result["sink_to_raw_ratio"] == round(result["sink_eps"] / result["raw_consume_eps"], 3)
+    # The ratio is of the unrounded rates; the printed rates are rounded to 0.1 events/s, so their own
+    # quotient may differ from it in the third decimal (613.3 / 2970.0 = 0.2065 beside a printed 0.207).
+    assert result["sink_to_raw_ratio"] == pytest.approx(result["sink_eps"] / result["raw_consume_eps"], abs=2e-3)
     assert result["latency_events_seen"] == result["latency_events_sent"]
 
 
