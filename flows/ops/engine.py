@@ -28,6 +28,13 @@ Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTUR
 - ``--no-enable-chunked-prefill`` with a 4,096-token context: a seeded request prefilled in chunks
   crashes the CPU build's engine (``prmloop bench generate``'s 8 prompts x n=8 did).
 - ``VLLM_CPU_KVCACHE_SPACE=2`` (GiB): 46,592 tokens of KV cache, room for every prefix a loop reuses.
+- ``ONEDNN_PRIMITIVE_CACHE_CAPACITY=64`` (oneDNN's default is 1,024): the CPU build's matrix products
+  are oneDNN primitives compiled for each number of tokens a step carries (2-13 ms each here), and
+  oneDNN keeps up to 1,024 of them in a process-wide cache, which grew one weight shape's process by
+  1.5 GiB over 1,200 token counts (118 MiB at 64). A loop's steps carry ever new counts, so the default
+  let the engine grow for as long as it ran (docs/loop.md, "Running for an hour"). vLLM keeps its own
+  32 most recent primitives per weight shape, so the smaller cache recompiles only a count that comes
+  back after both have let it go. A value the user exported wins.
 
 The engine asks every ``/v1`` request for the credentials' API key (``VLLM_API_KEY``:
 :func:`engine_key_environment`); the services get it with its address (:func:`service_environment`).
@@ -62,6 +69,7 @@ from prmloop.store.ports import free_port
 
 __all__ = [
     "ENGINE_SERVICES",
+    "ONEDNN_PRIMITIVE_CACHE",
     "EngineError",
     "engine_command",
     "engine_environment",
@@ -124,6 +132,12 @@ def engine_unavailable() -> str | None:
     return None
 
 
+PRIMITIVE_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+ONEDNN_PRIMITIVE_CACHE = 64
+"""Compiled oneDNN primitives the CPU engine keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``; see the module docstring)."""
+
+
 def default_threads() -> int:
     """OpenMP threads of the engine: every core, at most 2 (the loop's other processes share them)."""
     return max(1, min(2, os.cpu_count() or 1))
@@ -140,6 +154,7 @@ def engine_environment(threads: int | None = None, kv_cache_gib: int = 2, *, gpu
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads or default_threads()),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        PRIMITIVE_CACHE_VARIABLE: os.environ.get(PRIMITIVE_CACHE_VARIABLE, str(ONEDNN_PRIMITIVE_CACHE)),
         # The engine needs no usage reporting; nothing outside this machine can be reached anyway.
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

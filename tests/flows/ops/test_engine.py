@@ -10,6 +10,7 @@ import pytest
 
 from prmloop.flows.ops.engine import (
     ENGINE_SERVICES,
+    ONEDNN_PRIMITIVE_CACHE,
     EngineError,
     cpu_dtype,
     engine_command,
@@ -58,6 +59,15 @@ def test_the_server_runs_with_the_settings_this_cpu_needs(tmp_path: Path) -> Non
     assert env["OMP_NUM_THREADS"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     # libgomp's own wait policy (spin briefly, then sleep): PASSIVE cost the engine 13-20 % here.
     assert "OMP_WAIT_POLICY" not in env and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_the_engine_keeps_few_compiled_onednn_primitives_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    # oneDNN's default (1,024 primitives, one per token count a step carried) grew the engine for hours.
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert engine_environment(gpu=False)["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_PRIMITIVE_CACHE)
+    assert 0 < ONEDNN_PRIMITIVE_CACHE < 1024
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    assert engine_environment(gpu=False)["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
 
 
 def test_the_cpu_engine_runs_in_bfloat16_only_where_the_cpu_has_its_kernels() -> None:
