@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prmloop.models.questions import Question
@@ -65,6 +65,13 @@ class LoopSettings(BaseSettings):
         ge=1,
         description="solutions the annotator searches at once (their rollouts fill the engine's batches)",
     )
+    n0: int = Field(
+        default=2,
+        ge=1,
+        description="MC rollouts each state starts with (N0; the papers take 16, a laptop engine cannot)",
+    )
+    n_min: int = Field(default=1, ge=0, description="more rollouts until this many reach the answer (N_min)")
+    n_max: int = Field(default=4, ge=1, description="at most this many rollouts of a state (N_max)")
     rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
     max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
     threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")
@@ -81,6 +88,12 @@ class LoopSettings(BaseSettings):
             raise ValueError(f"levels must be curriculum levels 1-5 such as 1,2, not {value!r}")
         return ",".join(str(v) for v in levels)
 
+    @model_validator(mode="after")
+    def _rollouts_fit(self) -> LoopSettings:
+        if self.n0 > self.n_max:
+            raise ValueError(f"n0 ({self.n0}) must not exceed n_max ({self.n_max}): raise --n-max or lower --n0")
+        return self
+
     @property
     def level_list(self) -> tuple[int, ...]:
         return tuple(int(v) for v in self.levels.split(","))
@@ -89,9 +102,9 @@ class LoopSettings(BaseSettings):
         """The services' settings this loop asks for (a variable the user exported wins)."""
         return {
             "PRMLOOP_ANNOTATOR_STRATEGY": "adaptive_binary",
-            "PRMLOOP_ANNOTATOR_N0": "4",
-            "PRMLOOP_ANNOTATOR_N_MIN": "2",
-            "PRMLOOP_ANNOTATOR_N_MAX": "8",
+            "PRMLOOP_ANNOTATOR_N0": str(self.n0),
+            "PRMLOOP_ANNOTATOR_N_MIN": str(self.n_min),
+            "PRMLOOP_ANNOTATOR_N_MAX": str(self.n_max),
             "PRMLOOP_ANNOTATOR_MAX_NEW_TOKENS": str(self.rollout_tokens),
             "PRMLOOP_ANNOTATOR_IN_FLIGHT": str(self.in_flight),
             "PRMLOOP_JUDGE_METHOD": "exact",

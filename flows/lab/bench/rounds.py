@@ -142,6 +142,8 @@ class Stages:
     stored: Callable[[], int]
     left: Callable[[], float]
     in_flight: int = 1  # solutions the annotator keeps going at once
+    #: MC rollouts per state: N0, N_min, N_max (the streaming loop's, so the bench compares like with like)
+    sampling: tuple[int, int, int] = (2, 1, 4)
     eval_questions: int = 8
     eval_set: str = EVAL_SET
     #: seconds without input after which a stage's service stops (the round's drain)
@@ -241,9 +243,9 @@ class Stages:
         reserve = self.reserve_s + (rounds - index - 1) * self.overhead_s + min(30.0, self.overhead_s)
         annotating = AnnotatorSettings(
             strategy="adaptive_binary",
-            n0=4,
-            n_min=2,
-            n_max=8,
+            n0=self.sampling[0],
+            n_min=self.sampling[1],
+            n_max=self.sampling[2],
             max_new_tokens=plan.rollout_tokens,
             until_idle=self.idle_s + 2,
             max_solutions=plan.annotate,

@@ -28,6 +28,19 @@ def test_levels_are_read_from_a_list_and_refused_outside_the_curriculum() -> Non
             LoopSettings(levels=wrong)
 
 
+def test_the_annotator_the_loop_starts_takes_its_rollout_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prmloop.consumers.annotator_settings import AnnotatorSettings
+    from prmloop.models.annotation.estimate import Sampling
+
+    for n0, n_min, n_max in ((2, 1, 4), (3, 0, 3), (16, 10, 72)):
+        for key, value in LoopSettings(n0=n0, n_min=n_min, n_max=n_max).service_environment().items():
+            monkeypatch.setenv(key, value)
+        strategy = AnnotatorSettings().make_strategy()
+        assert strategy.sampling == Sampling(n0=n0, n_min_correct=n_min, n_max=n_max)  # type: ignore[attr-defined]
+    with pytest.raises(ValidationError, match=r"n0 \(5\) must not exceed n_max \(4\)"):
+        LoopSettings(n0=5, n_max=4)
+
+
 def test_the_stream_takes_the_levels_in_turn_and_never_repeats_a_question() -> None:
     stream = QuestionStream((1, 2), seed=0, start={2: 5})
     ids = [q.id for q in stream.take(4)] + [q.id for q in stream.take(2)]
