@@ -143,14 +143,22 @@ def artifacts_task(metrics: dict[str, Any]) -> None:
     )
 
 
+@task(name="publish-learning-curve")
+def curve_task(png: str, figures: dict[str, Any]) -> None:
+    publish_curve(png, figures)
+
+
 @flow(name="monitor")
-def monitor(db: str | None = None) -> dict[str, Any]:
+def monitor(db: str | None = None, curve: str | None = None, figures: dict[str, Any] | None = None) -> dict[str, Any]:
     """Read the loop's metrics from the store ``db`` (default ``PRMLOOP_STORE``, else the DuckDB file
-    in ``PRMLOOP_HOME``) and publish them as artifacts."""
+    in ``PRMLOOP_HOME``) and publish them as artifacts; with ``curve`` (a PNG) also the learning curve
+    (:func:`publish_curve`, with the run's ``figures``), inside this flow run."""
     if not db:
         from prmloop.store.settings import StateSettings
 
         db = str(StateSettings().store_location)
     metrics: dict[str, Any] = metrics_task(db)
     artifacts_task(metrics)
+    if curve:
+        curve_task(curve, figures or {})
     return metrics

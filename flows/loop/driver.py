@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 LOOP_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s != "engine")
 #: Probed questions the driver keeps in its queue at most (the best by priority).
 MAX_QUEUE = 500
+#: the run's figures the learning-curve artifact shows (:func:`~prmloop.flows.monitor.publish_curve`)
+CURVE_FIGURES = ("accepted_labels", "accepted_per_minute", "engine_busy_fraction", "f1_curve")
 #: What keeps running when the loop stops: nothing published is lost, the UI stays up.
 KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
 
@@ -362,12 +364,12 @@ class Loop(LoopReport):
         if not self.use_prefect:
             return
         from prmloop.flows.loop.view import curve_png
-        from prmloop.flows.monitor import monitor, publish_curve
+        from prmloop.flows.monitor import monitor
 
-        monitor(str(self.db))
         png = curve_png(self.status.retrains, self.home / "loop" / "learning-curve.png")
-        if png is not None:
-            publish_curve(png, self.result())
+        result = self.result()
+        figures = {key: result.get(key) for key in CURVE_FIGURES}  # a flow run's parameters: keep them small
+        monitor(str(self.db), curve=str(png) if png is not None else None, figures=figures)
 
     def _prepare_heldout(self) -> None:
         from prmloop.flows.retrain_ensemble import eval_items

@@ -45,3 +45,32 @@ def test_monitor_publishes_artifacts_with_stable_keys(tmp_path: Path) -> None:
     assert sum(a.key == "loop-summary" for a in found) == 2
     summary = next(a for a in found if a.key == "loop-summary")
     assert f"{metrics['accepted']} accepted" in str(summary.data) and "data:image/png;base64," in str(summary.data)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_the_learning_curve_is_published_inside_the_monitor_flow_run(tmp_path: Path) -> None:
+    import warnings
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from prmloop.flows.monitor import CURVE_KEY, monitor
+
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
+    events = synthetic_events(40, k=4, seed=6)
+    store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 40)])
+    png = tmp_path / "curve.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n not a whole picture, enough for its bytes")
+    figures = {"accepted_labels": 12, "accepted_per_minute": 2.5, "f1_curve": [[60.0, 0.4], [150.0, 0.75]]}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor(str(store.path), curve=str(png), figures=figures)
+    assert not [w for w in caught if "outside of a flow or task run" in str(w.message)]
+    found: list[Any] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not found:
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[CURVE_KEY])))
+        time.sleep(0.5)
+    assert len(found) == 1 and found[0].flow_run_id is not None
+    assert "0.750 at 2.5 min" in str(found[0].data) and "accepted labels: 12 (2.5 per minute)" in str(found[0].data)
