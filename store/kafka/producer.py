@@ -95,7 +95,11 @@ def consumer_config(
         "session_timeout_ms": session_timeout_ms,
         "heartbeat_interval_ms": max(500, session_timeout_ms // 5),
         "max_poll_records": max_poll_records,
-        "fetch_max_wait_ms": 100,
+        # An idle consumer's fetch waits this long at the broker, which answers at once when a record
+        # comes (Tansu does: 5-19 ms from send to poll at 100 and at 500). At 100, eight idle consumers
+        # kept the broker and its gate at 0.10-0.15 of a core, at 500 at 0.04: a core the engine needs
+        # on a laptop (docs/loop.md, "Idle consumers' fetches").
+        "fetch_max_wait_ms": 500,
         "fetch_max_bytes": 32 * 1024 * 1024,
         "max_partition_fetch_bytes": 8 * 1024 * 1024,
         # Tansu may answer a fetch with more than fetch_max_bytes; kafka-python's 1 MB frame cap drops it.
