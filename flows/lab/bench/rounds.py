@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,6 +130,14 @@ def wait_stored(stored: Callable[[], int], *, settle_s: float = 2.0, timeout_s: 
     return last
 
 
+def _loop_sampling() -> tuple[int, int, int]:
+    """The streaming loop's rollouts a state (``LoopSettings`` owns them)."""
+    from prmloop.flows.loop.settings import LoopSettings
+
+    loop = LoopSettings()
+    return loop.n0, loop.n_min, loop.n_max
+
+
 @dataclass
 class Stages:
     """The demo's stages on one broker and store; ``left()`` is the budget's time left in seconds."""
@@ -143,7 +151,7 @@ class Stages:
     left: Callable[[], float]
     in_flight: int = 1  # solutions the annotator keeps going at once
     #: MC rollouts per state: N0, N_min, N_max (the streaming loop's, so the bench compares like with like)
-    sampling: tuple[int, int, int] = (2, 1, 4)
+    sampling: tuple[int, int, int] = field(default_factory=_loop_sampling)
     eval_questions: int = 8
     eval_set: str = EVAL_SET
     #: seconds without input after which a stage's service stops (the round's drain)

@@ -140,7 +140,6 @@ def run_rounds_arm(
     def left() -> float:
         return deadline - time.monotonic()
 
-    loop = LoopSettings()  # the streaming arms' annotator settings, so the arms compare like with like
     settings = DemoSettings(home=home, minutes=budget_s / 60, threads=threads, levels=levels, seed=seed, rounds=rounds)
     stages = Stages(
         settings,
@@ -151,8 +150,7 @@ def run_rounds_arm(
         stored,
         left,
         # As many solutions in flight as the streaming arms' annotator keeps (a fair comparison).
-        in_flight=loop.in_flight if engine_url else 1,
-        sampling=(loop.n0, loop.n_min, loop.n_max),
+        in_flight=LoopSettings().in_flight if engine_url else 1,
         eval_set=eval_set,
         idle_s=idle_s,
         # Five stages each start and drain until idle_s without input, two flow runs and a retrain: a
