@@ -35,6 +35,7 @@ happened on (``prmloop.store.kafka.poison``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -47,7 +48,15 @@ from prmloop.models.prompts import prompt_format_of, solution_prompt, step_forma
 from prmloop.models.scoring import teacher_forced_logprobs
 from prmloop.models.simulator import SIMULATOR_NAME, SimulatedStepUncertainty, SimulatorOptions
 from prmloop.models.uncertainty import PAPER_TEMPERATURE, rank_steps_by_delta, step_uncertainty, uncertainty_deltas
-from prmloop.store.events import Envelope, ModelRef, SolutionSampled, StepsScored, deterministic_event_id, make_event
+from prmloop.store.events import (
+    Envelope,
+    ModelRef,
+    SampleAsRollout,
+    SolutionSampled,
+    StepsScored,
+    deterministic_event_id,
+    make_event,
+)
 from prmloop.store.kafka.producer import EventProducer
 from prmloop.store.kafka.runtime import ConsumedEvent
 from prmloop.store.kafka.service import run_service
@@ -80,6 +89,20 @@ class ScorerSettings(EngineSettings, SimulatorOptions):
     until_idle: float | None = Field(default=None, gt=0, description="exit after this many seconds without input")
 
 
+def as_rollout(sampled: SolutionSampled) -> SampleAsRollout | None:
+    """The solution as one rollout from its question, where the generator's log-probs came with it."""
+    logprobs = sampled.token_logprobs
+    if not logprobs:
+        return None
+    return SampleAsRollout(
+        generator=sampled.generator,
+        temperature=sampled.sampling.temperature,
+        top_p=sampled.sampling.top_p,
+        completion_tokens=len(logprobs),
+        sum_logprob=math.fsum(logprobs),
+    )
+
+
 def scored_event(
     sampled: SolutionSampled,
     step_u: Sequence[float] | None,
@@ -107,6 +130,7 @@ def scored_event(
         correct=sampled.correct,
         final_answer=sampled.final_answer,
         gold_answer=sampled.gold_answer,
+        as_rollout=as_rollout(sampled),
     )
     event_id = deterministic_event_id("StepsScored", sampled.solution_id, scorer_ref.model_dump(), temperature, source)
     return make_event(payload, producer=PRODUCER, event_id=event_id, causation_id=causation_id)

@@ -32,6 +32,7 @@ __all__ = [
     "QuestionPrioritized",
     "QuestionRegistered",
     "Record",
+    "SampleAsRollout",
     "SamplingSpec",
     "SolutionSampled",
     "SolutionSelected",
@@ -204,6 +205,17 @@ class SolutionSampled(Payload):
     )
 
 
+class SampleAsRollout(Record):
+    """A sampled solution seen as one rollout from its question (the state ``s_0``): who drew it, how,
+    and its log-probability, so the annotator can count it in ``MC(s_0)`` instead of drawing anew."""
+
+    generator: ModelRef
+    temperature: Real
+    top_p: Real = 1.0
+    completion_tokens: Count64
+    sum_logprob: Real = Field(description="sum of the generator's log-probs of the completion's tokens")
+
+
 class StepsScored(Payload):
     """A solution with the uncertainty of each step: the step scorer's output and the annotator's and
     judge's input. It carries the solution as they need it (problem, steps, grade, gold answer), so
@@ -228,6 +240,10 @@ class StepsScored(Payload):
     correct: bool | None = None
     final_answer: str | None = None
     gold_answer: str | None = None
+    as_rollout: SampleAsRollout | None = Field(
+        default=None,
+        description="the solution as a rollout from its question, for MC(s_0); None: no generator log-probs",
+    )
 
 
 class SolutionSelected(Payload):

@@ -96,6 +96,14 @@ def test_step_uncertainty_from_the_solutions_own_logprobs_by_hand() -> None:
     assert scored.scorer == GEN and out.causation_id == event.event_id
     assert out.event_id == deterministic_event_id("StepsScored", "s-hand", GEN.model_dump(), 1.0, "sampled")
     assert out.correlation_id == "s-hand" and out.topic == "steps.scored"
+    # ... and the solution as a rollout from its question, for the annotator's MC(s_0)
+    assert scored.as_rollout is not None
+    assert (scored.as_rollout.generator, scored.as_rollout.temperature, scored.as_rollout.completion_tokens) == (
+        GEN,
+        SamplingSpec().temperature,
+        7,
+    )
+    assert scored.as_rollout.sum_logprob == pytest.approx(-5.0 - math.log(3) - math.log(7) - 2.0)
 
 
 def test_rejections_name_the_reason_and_unscorable_solutions_pass_with_unknown_uncertainty() -> None:
@@ -107,6 +115,7 @@ def test_rejections_name_the_reason_and_unscorable_solutions_pass_with_unknown_u
     assert isinstance(bare.payload, StepsScored) and bare.payload.source == "none"
     assert bare.payload.step_uncertainty is None and bare.payload.uncertainty_delta is None
     assert bare.payload.steps == STEPS and handler.counters()["unknown_uncertainty"] == 1
+    assert bare.payload.as_rollout is None  # no log-probs: not a rollout the annotator can weigh
 
 
 def test_teacher_forcing_without_the_problem_text_is_rejected(tiny_backend: TransformersBackend) -> None:
