@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from prmloop.consumers.annotator_samples import QuestionSamples, rollout_specs
 from prmloop.consumers.annotator_settings import AnnotatorSettings
 from prmloop.consumers.annotator_stats import AnnotatorStats
 from prmloop.models.annotation.completer import AnswerChecker, Completer, GeneratorCompleter, exact_match
@@ -195,6 +196,7 @@ class Annotator:
         max_in_flight: int = 1,
         max_aborts: int = 3,
         free_only: bool = False,
+        reuse_samples: bool = True,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
@@ -206,10 +208,13 @@ class Annotator:
         self.max_in_flight = max_in_flight
         self.max_aborts = max_aborts
         self.free_only = free_only
+        self.reuse_samples = reuse_samples
         self.stats = AnnotatorStats()
         self._aborts: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="annotate")
         self.starts = SharedStarts()  # MC(s_0) once per question (models/annotation/estimate.py)
+        self.samples = QuestionSamples()  # a question's samples, its first rollouts from s_0
+        self._specs = rollout_specs(self.completers, self.completer_refs)
 
     @property
     def unresolved(self) -> int:
@@ -219,6 +224,11 @@ class Annotator:
         self._pool.shutdown(wait=True)
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
+        for c in batch:  # every sample of the batch counts in its question's MC(s_0), before any search
+            payload = c.event.payload
+            scored = payload.scored if isinstance(payload, SolutionSelected) else payload
+            if isinstance(scored, StepsScored):
+                self.samples.add(scored)
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
         skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
         self.stats.count("skipped_by_selection", len(skipped))
@@ -290,6 +300,7 @@ class Annotator:
                 checker=self.checker,
                 starts=self.starts,
                 starts_scope=(self.completer_refs, scored.prompt_format),
+                first_rollouts=self.samples.rollouts(scored.question_id, self._specs) if self.reuse_samples else None,
             )
         except ValueError as error:
             return "reject", f"{scored.solution_id}: {error}"
@@ -362,6 +373,7 @@ def run_annotator(
         checker=checker,
         max_in_flight=settings.in_flight,
         free_only=settings.free_only,
+        reuse_samples=settings.reuse_samples,
     )
     max_solutions = settings.max_solutions
 

@@ -65,6 +65,11 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     free_only: bool = Field(
         default=False, description="label only the correct solutions (no rollouts); run it in a --group of its own"
     )
+    reuse_samples: bool = Field(
+        default=True,
+        description="count a question's sampled solutions (same model, temperature, top-p) as its first rollouts "
+        "from the question, MC(s_0), instead of drawing them anew",
+    )
     sim_latency: float = Field(default=0.0, ge=0.0, description="simulator: seconds per engine call")
     seed: int = Field(default=0, description="rollout seed: the same state and draw give the same rollouts")
 

@@ -26,6 +26,8 @@ class AnnotatorStats:
         self.rollouts = 0
         self.generated_tokens = 0
         self.verified_steps = 0
+        #: rollouts from s_0 taken from the question's sampled solutions instead of generated
+        self.reused_rollouts = 0
         self.failures: Counter[str] = Counter()
         #: Wall-clock (``time.time()``) when the first solution was taken up and the last label published:
         #: the busy window, without start-up and group-join time (what the scaling benchmark compares).
@@ -43,6 +45,7 @@ class AnnotatorStats:
             self.rollouts += annotation.cost.rollouts
             self.generated_tokens += annotation.cost.generated_tokens
             self.verified_steps += annotation.cost.verified_steps
+            self.reused_rollouts += annotation.cost.reused_rollouts
             self.failures.update(annotation.cost.failures)
 
     def count(self, what: str, n: int = 1) -> None:
@@ -56,6 +59,7 @@ class AnnotatorStats:
                 "rollouts": self.rollouts,
                 "generated_tokens": self.generated_tokens,
                 "verified_steps": self.verified_steps,
+                "reused_rollouts": self.reused_rollouts,
                 "failures": dict(self.failures),
                 "first_started": self.first_started,
                 "last_published": self.last_published,

@@ -177,6 +177,8 @@ class CostTally:
     generated_tokens: int = 0
     wall_time_s: float = 0.0
     failures: Counter[str] = field(default_factory=Counter)
+    #: rollouts taken from what was drawn before (a question's sampled solutions), not generated
+    reused_rollouts: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -246,10 +248,14 @@ class MCEstimator:
         max_attempts: int = 3,
         starts: SharedStarts | None = None,
         starts_scope: Hashable = None,
+        first_rollouts: Sequence[Sequence[tuple[Rollout, bool]]] | None = None,
     ) -> None:
         """``starts``: where ``MC(s_0)`` of each question is shared between its solutions (see the module);
         ``starts_scope``: what else must be equal to share it (the completers' models and prompt format;
-        default: these very completer objects)."""
+        default: these very completer objects). ``first_rollouts[k]``: graded rollouts from ``s_0`` that
+        completer ``k`` would have drawn and need not (the question's sampled solutions, drawn by its model
+        at its settings): ``s_0`` takes them first, in order, as its adaptive sampling asks for rollouts,
+        and draws only the rest."""
         if not completers:
             raise ValueError("MC estimation needs at least one completer")
         if weighting not in _WEIGHTINGS:
@@ -264,6 +270,9 @@ class MCEstimator:
         self.max_attempts = max_attempts
         self.starts = starts
         self.starts_scope = starts_scope if starts_scope is not None else tuple(id(c) for c in self.completers)
+        if first_rollouts is not None and len(first_rollouts) != len(self.completers):
+            raise ValueError(f"first_rollouts needs one list per completer ({len(self.completers)})")
+        self.first_rollouts = [list(r) for r in first_rollouts] if first_rollouts else [[] for _ in self.completers]
         self.ledger = CostTally()
         self.estimates: list[StateEstimate] = []
         self._cache: dict[int, StateEstimate] = {}
@@ -300,7 +309,10 @@ class MCEstimator:
 
     def _sampled(self, step_index: int, sampling: Sampling) -> tuple[Graded, StateEstimate]:
         prefix = self.steps[: step_index + 1]
-        per_completer = [self._sample(completer, prefix, sampling) for completer in self.completers]
+        per_completer = [
+            self._sample(completer, prefix, sampling, self.first_rollouts[k] if step_index == -1 else [])
+            for k, completer in enumerate(self.completers)
+        ]
         return per_completer, self._summary(step_index, per_completer)
 
     def _summary(self, step_index: int, per_completer: Sequence[Sequence[tuple[Rollout, bool]]]) -> StateEstimate:
@@ -349,12 +361,24 @@ class MCEstimator:
                     return estimate.value <= threshold
             estimate = self.extend(step_index, stopping.batch)
 
-    def _sample(self, completer: Completer, prefix: Sequence[str], sampling: Sampling) -> list[tuple[Rollout, bool]]:
+    def _sample(
+        self,
+        completer: Completer,
+        prefix: Sequence[str],
+        sampling: Sampling,
+        drawn: Sequence[tuple[Rollout, bool]] = (),
+    ) -> list[tuple[Rollout, bool]]:
+        """The adaptive sampling of one state; rollouts ``drawn`` already are taken first, as if drawn now."""
         graded: list[tuple[Rollout, bool]] = []
+        ready = list(drawn)
         want = sampling.n0
         while True:
-            for rollout in self._call(completer, prefix, want):
-                graded.append((rollout, self._grade(rollout)))
+            reused, ready = ready[:want], ready[want:]
+            graded.extend(reused)
+            self.ledger.reused_rollouts += len(reused)
+            if want > len(reused):
+                for rollout in self._call(completer, prefix, want - len(reused)):
+                    graded.append((rollout, self._grade(rollout)))
             correct = sum(ok for _, ok in graded)
             if correct >= sampling.n_min_correct or len(graded) >= sampling.n_max:
                 return graded

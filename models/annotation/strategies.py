@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from prmloop.models.annotation.bisection import ProbabilisticBisection
-from prmloop.models.annotation.completer import AnswerChecker, Completer, exact_match
+from prmloop.models.annotation.completer import AnswerChecker, Completer, Rollout, exact_match
 from prmloop.models.annotation.estimate import (
     ADAPTIVE_SAMPLING,
     AnnotationAborted,
@@ -367,9 +367,11 @@ def annotate(
     max_attempts: int = 3,
     starts: SharedStarts | None = None,
     starts_scope: Hashable = None,
+    first_rollouts: Sequence[Sequence[tuple[Rollout, bool]]] | None = None,
 ) -> Annotation:
     """Label one solution with ``strategy``; never raises for completer failures (status ``aborted``).
-    ``starts``: ``MC(s_0)`` shared between the solutions of a question (:class:`SharedStarts`)."""
+    ``starts``: ``MC(s_0)`` shared between the solutions of a question (:class:`SharedStarts`);
+    ``first_rollouts``: per completer, graded rollouts from ``s_0`` drawn already (:class:`MCEstimator`)."""
     started = time.perf_counter()
     n_steps = len(solution.steps)
     params = strategy.parameters()
@@ -389,6 +391,7 @@ def annotate(
         max_attempts=max_attempts,
         starts=starts,
         starts_scope=starts_scope,
+        first_rollouts=first_rollouts,
     )
     status: Status = "labelled"
     error: str | None = None

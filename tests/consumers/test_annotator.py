@@ -7,12 +7,13 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from prmloop.consumers.annotator import Annotator
 from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch, UncertaintyDrivenSearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
-from prmloop.store.events import Envelope, ModelRef, StepsLabeled, StepsScored, make_event
+from prmloop.store.events import Envelope, ModelRef, SampleAsRollout, StepsLabeled, StepsScored, make_event
 from prmloop.store.events.codec import encode_event
 from prmloop.store.events.topics import TopicSpec, dlq_topic
 from prmloop.store.kafka.poison import TransientError, is_transient
@@ -294,3 +295,60 @@ def test_a_label_goes_out_when_its_search_ends_not_when_the_batchs_slowest_does(
     assert list(handler(batch)) == []
     assert fast_out.is_set()
     assert published == [[fast], [slow]]
+
+
+def _sample_of(solution: SimulatedSolution, i: int, *, correct: bool | None, tokens: int = 6, **spec: Any) -> Envelope:
+    """The ``StepsScored`` of one sample of ``solution``'s question, with what makes it a rollout from s_0."""
+    event = _sampled(solution, i, correct=bool(correct))
+    drawn = SampleAsRollout(
+        generator=spec.get("generator", SIM),
+        temperature=spec.get("temperature", 0.7),
+        completion_tokens=tokens,
+        sum_logprob=-0.5 * tokens,
+    )
+    update = {"as_rollout": drawn, "correct": correct}
+    return event.model_copy(update={"payload": event.payload.model_copy(update=update)})
+
+
+def test_a_questions_samples_are_the_rollouts_of_its_start_and_spare_the_engine_those() -> None:
+    from prmloop.models.annotation.completer import GeneratorCompleter
+    from prmloop.models.annotation.estimate import Sampling
+    from prmloop.models.prompts import solution_prompt
+
+    engine = PrefixRecorder()
+    completer = GeneratorCompleter(engine)  # temperature 0.7, top-p 1, 384 tokens
+    strategy = AdaptiveBinarySearch(sampling=Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    handler = Annotator(strategy, [completer], [SIM], lambda _: None)
+    [solution] = simulate_solutions(1, seed=2)
+    start = solution_prompt(engine, solution.question, "step_k")
+    assert completer.prefix(solution.question, []) == start  # s_0's rollouts continue the sampler's prompt
+    # two samples of the question in one batch: one solved it, one did not (the one to label)
+    handler([_consumed(_sample_of(solution, 0, correct=True), 0), _consumed(_sample_of(solution, 1, correct=False), 1)])
+    assert start not in engine.prefixes and engine.prefixes  # s_0 drew nothing; later states did
+    assert handler.stats.as_dict()["reused_rollouts"] == 2
+    # A question whose samples came from another model or temperature, ran past the rollouts' budget or
+    # stated no answer: only the fitting ones count, each too long or unanswered one as a wrong rollout.
+    from prmloop.consumers.annotator_samples import QuestionSamples, RolloutSpec
+
+    samples = QuestionSamples()
+    other = ModelRef(backend="vllm", name="other")
+    for i, (correct, tokens, spec) in enumerate(
+        [
+            (True, 6, {}),
+            (True, 6, {"generator": other}),
+            (True, 6, {"temperature": 1.0}),
+            (True, 500, {}),
+            (None, 6, {}),
+        ]
+    ):
+        scored = _sample_of(solution, 10 + i, correct=correct, tokens=tokens, **spec).payload
+        assert isinstance(scored, StepsScored)
+        samples.add(scored)
+    [graded] = samples.rollouts(solution.question, [RolloutSpec(SIM, 0.7, 1.0, 384)])
+    assert [(r.tokens, r.finish_reason, ok) for r, ok in graded] == [
+        (6, "stop", True),
+        (384, "length", False),
+        (6, "stop", False),
+    ]
+    assert samples.rollouts(solution.question, [None]) == [[]]  # a simulator's rollouts: no samples count
+    assert samples.rollouts("another question", [RolloutSpec(SIM, 0.7, 1.0, 384)]) == [[]]

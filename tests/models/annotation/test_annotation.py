@@ -288,3 +288,60 @@ def test_shared_starts_keep_the_newest_questions_only() -> None:
     for key in ("a", "b", "a", "c", "b"):
         starts.get(key, lambda key=key: estimate(key))  # type: ignore[misc]
     assert made == ["a", "b", "c", "b"]  # "a" was used again before "c" came, so "b" was the one dropped
+
+
+def test_rollouts_drawn_already_are_the_first_of_s0_and_none_is_generated_when_they_suffice() -> None:
+    # N0 = 2, N_min = 1, N_max = 4: two samples of the question, one correct (mean log p -0.5), one wrong
+    # (-1.0), are s_0's two first rollouts; one correct >= N_min, so nothing is drawn. MC-PPL (1/PPL weights):
+    # e^-0.5 / (e^-0.5 + e^-1).
+    completer = ScriptedCompleter([0.0, 0.0])
+    drawn = [(_rollout(True, -0.5), True), (_rollout(False, -1.0), False)]
+    estimator = MCEstimator([completer], "q", ["a"], GOLD, first_rollouts=[drawn])
+    s0 = estimator.estimate(-1, Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    assert completer.calls == []
+    assert s0.rollouts == 2 and s0.correct_rollouts == 1
+    assert s0.value == pytest.approx(math.exp(-0.5) / (math.exp(-0.5) + math.exp(-1.0)))
+    assert estimator.ledger.rollouts == 0 and estimator.ledger.reused_rollouts == 2
+
+
+def test_rollouts_drawn_already_are_topped_up_as_the_adaptive_sampling_asks() -> None:
+    # One wrong sample: N0 = 2 takes it and draws 1; none correct < N_min = 1, so 2 more (grow_by), N_max 4.
+    completer = ScriptedCompleter([0.5, 0.5])
+    estimator = MCEstimator([completer], "q", ["a"], GOLD, first_rollouts=[[(_rollout(False, -1.0), False)]])
+    s0 = estimator.estimate(-1, Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    # the drawn batch of 1 at 50 %: floor(0.5) = 0 correct; the batch of 2: 1 correct
+    assert completer.calls == [(0, 1), (0, 2)]
+    assert s0.rollouts == 4 and s0.correct_rollouts == 1
+    assert estimator.ledger.rollouts == 3 and estimator.ledger.reused_rollouts == 1
+
+
+def test_no_more_drawn_rollouts_are_taken_than_the_adaptive_sampling_would_draw() -> None:
+    # Three samples, the first two correct: N0 = 2 is met with 2 correct >= N_min, so the third is left out
+    # and s_0's count (the per-state N of the later states) stays 2, as with fresh rollouts.
+    drawn = [(_rollout(True, -0.5), True), (_rollout(True, -0.5), True), (_rollout(False, -0.5), False)]
+    estimator = MCEstimator([ScriptedCompleter([0.0, 0.0])], "q", ["a"], GOLD, first_rollouts=[drawn])
+    s0 = estimator.estimate(-1, Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    assert (s0.rollouts, s0.correct_rollouts, s0.value) == (2, 2, 1.0)
+
+
+def test_drawn_rollouts_count_for_s0_only_and_need_one_list_per_completer() -> None:
+    completer = ScriptedCompleter([1.0, 0.0, 0.0])
+    drawn = [(_rollout(True, -0.5), True)] * 2
+    estimator = MCEstimator([completer], "q", ["a", "b"], GOLD, first_rollouts=[drawn])
+    step0 = estimator.estimate(0, Sampling.fixed(2))
+    assert completer.calls == [(1, 2)] and step0.correct_rollouts == 0  # the state after step 0 draws its own
+    with pytest.raises(ValueError, match="one list per completer"):
+        MCEstimator([completer], "q", ["a"], GOLD, first_rollouts=[drawn, drawn])
+
+
+def test_a_question_its_samples_solved_is_located_where_fresh_rollouts_found_none() -> None:
+    # The completer never solves the question from s_0 (fresh rollouts: unresolved), but a sample did:
+    # with the samples first, MC(s_0) > 0 and the search runs.
+    success = [0.0, 1.0, 0.0, 0.0]
+    strategy = AdaptiveBinarySearch(sampling=Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2))
+    fresh = annotate(_solution(3), strategy, [ScriptedCompleter(success)])
+    assert fresh.status == "unresolved" and fresh.cost.rollouts == 4
+    drawn = [(_rollout(True, -0.5), True), (_rollout(False, -0.5), False)]
+    seeded = annotate(_solution(3), strategy, [ScriptedCompleter(success)], first_rollouts=[drawn])
+    assert seeded.status == "labelled" and seeded.first_error_step == 1
+    assert seeded.cost.reused_rollouts == 2
