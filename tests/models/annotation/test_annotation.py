@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.estimate import MCEstimator, Sampling, SharedStarts, StateEstimate, mc_ppl
@@ -345,3 +347,41 @@ def test_a_question_its_samples_solved_is_located_where_fresh_rollouts_found_non
     seeded = annotate(_solution(3), strategy, [ScriptedCompleter(success)], first_rollouts=[drawn])
     assert seeded.status == "labelled" and seeded.first_error_step == 1
     assert seeded.cost.reused_rollouts == 2
+
+
+class _Sequence:
+    """A completer whose draws from any state are the next outcomes of one fixed sequence."""
+
+    name = "sequence"
+
+    def __init__(self, outcomes: Sequence[bool]) -> None:
+        self.outcomes = list(outcomes)
+        self.drawn = 0
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        out = [_rollout(self.outcomes[self.drawn + j], -0.5) for j in range(n)]
+        self.drawn += n
+        return out
+
+
+@given(
+    outcomes=st.lists(st.booleans(), min_size=8, max_size=8),
+    taken=st.integers(0, 8),
+    plan=st.tuples(st.integers(1, 4), st.integers(0, 3), st.integers(0, 4), st.integers(1, 4)),
+)
+def test_s0_with_samples_first_is_s0_drawn_fresh_when_the_samples_are_the_same_draws(
+    outcomes: list[bool], taken: int, plan: tuple[int, int, int, int]
+) -> None:
+    # Whatever the adaptive sampling: the first `taken` draws given as samples and the rest generated give
+    # the same rollouts, the same MC(s_0) and the same count as generating all of them, and only the ones
+    # not taken from the samples are generated.
+    n0, n_min, extra, grow_by = plan
+    sampling = Sampling(n0=n0, n_min_correct=n_min, n_max=n0 + extra, grow_by=grow_by)
+    fresh = MCEstimator([_Sequence(outcomes)], "q", ["a"], GOLD).estimate(-1, sampling)
+    drawn = [(_rollout(ok, -0.5), ok) for ok in outcomes[:taken]]
+    completer = _Sequence(outcomes[taken:] + [False] * 8)
+    estimator = MCEstimator([completer], "q", ["a"], GOLD, first_rollouts=[drawn])
+    seeded = estimator.estimate(-1, sampling)
+    assert seeded == fresh
+    assert estimator.ledger.reused_rollouts == min(taken, fresh.rollouts)
+    assert estimator.ledger.rollouts == completer.drawn == fresh.rollouts - min(taken, fresh.rollouts)
