@@ -37,12 +37,13 @@ class RolloutSpec:
 
 
 def rollout_specs(completers: Sequence[Completer], refs: Sequence[ModelRef]) -> list[RolloutSpec | None]:
-    """Each completer's :class:`RolloutSpec`; ``None`` for one that is not a model's (a simulator)."""
+    """Each completer's :class:`RolloutSpec`; ``None`` for one that is not a model's (a simulator) or
+    whose model is not named in ``refs`` (the k-th ref names the k-th completer's model)."""
     return [
-        RolloutSpec(ref, c.params.temperature, c.params.top_p, c.params.max_new_tokens)
-        if isinstance(c, GeneratorCompleter)
+        RolloutSpec(refs[k], c.params.temperature, c.params.top_p, c.params.max_new_tokens)
+        if isinstance(c, GeneratorCompleter) and k < len(refs)
         else None
-        for c, ref in zip(completers, refs, strict=True)
+        for k, c in enumerate(completers)
     ]
 
 
