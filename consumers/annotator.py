@@ -312,7 +312,13 @@ class Annotator:
                 return "reject", f"{message} ({self.max_aborts} times; given up)"
             return "abort", message
         if annotation.status == "unresolved":
-            log.info("%s: no tried step fell below tau; not labelled (UnPRM drops it)", scored.solution_id)
+            start = next((e for e in annotation.estimates if e.step_index == -1), None)
+            why = (
+                f"no rollout of {start.rollouts} from the question reached the answer (MC(s_0) = 0)"
+                if start is not None and start.correct_rollouts == 0
+                else "no tried step fell below tau (UnPRM drops it)"
+            )
+            log.info("%s: not labelled: %s", scored.solution_id, why)
             return "skip", None
         return "event", labeled_event(scored, annotation, self.completer_refs, causation_id=consumed.event.event_id)
 

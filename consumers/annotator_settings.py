@@ -43,6 +43,12 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
     n_min: int = Field(default=10, ge=0, description="adaptive sampling: grow until this many correct (N_min)")
     n_max: int = Field(default=72, ge=1, description="adaptive sampling: at most this many rollouts (N_max)")
     alpha: float = Field(default=0.5, gt=0.0, description="adaptive_binary: contribution threshold")
+    state_n_max: int = Field(
+        default=0,
+        ge=0,
+        description="adaptive_binary: a state none of whose rollouts reach the answer gets more, up to this many, "
+        "before its step is called wrong (0: as many as s_0 took, as EpicPRM)",
+    )
     weighting: str | None = Field(
         default=None, description="MC weighting: count, inv_ppl (1/PPL, default) or log_ppl (printed Eq. 2)"
     )
@@ -92,6 +98,8 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
             params["sampling"] = Sampling(n0=self.n0, n_min_correct=self.n_min, n_max=max(self.n_max, self.n0))
             if self.strategy in ("adaptive_binary", "bisection"):
                 params["alpha"] = self.alpha
+            if self.strategy == "adaptive_binary" and self.state_n_max:
+                params["state_n_max"] = self.state_n_max
         if self.weighting is not None:
             params["weighting"] = self.weighting
         return make_strategy(self.strategy, **params)

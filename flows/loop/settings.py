@@ -72,6 +72,12 @@ class LoopSettings(BaseSettings):
     )
     n_min: int = Field(default=1, ge=0, description="more rollouts until this many reach the answer (N_min)")
     n_max: int = Field(default=4, ge=1, description="at most this many rollouts of a state (N_max)")
+    state_n_max: int = Field(
+        default=4,
+        ge=0,
+        description="a state none of whose rollouts reach the answer gets more, up to this many, before its step "
+        "is called wrong (0: as many as the question's start took)",
+    )
     rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
     max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
     threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")
@@ -105,6 +111,7 @@ class LoopSettings(BaseSettings):
             "PRMLOOP_ANNOTATOR_N0": str(self.n0),
             "PRMLOOP_ANNOTATOR_N_MIN": str(self.n_min),
             "PRMLOOP_ANNOTATOR_N_MAX": str(self.n_max),
+            "PRMLOOP_ANNOTATOR_STATE_N_MAX": str(self.state_n_max),
             "PRMLOOP_ANNOTATOR_MAX_NEW_TOKENS": str(self.rollout_tokens),
             "PRMLOOP_ANNOTATOR_IN_FLIGHT": str(self.in_flight),
             "PRMLOOP_JUDGE_METHOD": "exact",

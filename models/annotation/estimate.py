@@ -343,6 +343,24 @@ class MCEstimator:
         self.estimates = [e for e in self.estimates if e.step_index != step_index] + [result]
         return result
 
+    def confirm_zero(self, step_index: int, n_max: int) -> StateEstimate:
+        """The estimate of a state none of whose rollouts reached the answer, topped up until one does or the
+        state has ``n_max`` rollouts per completer, as many again at a time; any other state's as it is.
+
+        EpicPRM grows ``N`` because the valid rollouts ``M`` "at both s_0 and s_t may be zero" (Sec. 3.2.2),
+        yet grows it at ``s_0`` only. With few rollouts a state that solves the question half the time
+        shows none correct in a quarter of its draws (two rollouts), which moves the first error early;
+        a state the error really precedes stays at zero and costs the top-up only.
+        """
+        estimate = self._cache.get(step_index)
+        if estimate is None:
+            raise ValueError(f"the state through step {step_index} has not been estimated yet")
+        per_completer = len(self.completers)
+        while estimate.correct_rollouts == 0 and 0 < estimate.rollouts < n_max * per_completer:
+            have = estimate.rollouts // per_completer
+            estimate = self.extend(step_index, max(1, min(have, n_max - have)))
+        return estimate
+
     def decide(self, step_index: int, threshold: float, stopping: SequentialStopping) -> bool:
         """Whether the state through ``step_index`` is *bad* (``MC <= threshold``), drawing rollouts in
         batches of ``stopping.batch`` only until the answer is settled (:class:`SequentialStopping`).

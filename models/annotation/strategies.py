@@ -256,6 +256,10 @@ class AdaptiveBinarySearch:
     - l. 4-5: the first midpoint follows Eq. 5 when the solution has at least 4 steps.
     - ``MC_PPL(s_0) = 0`` (no rollout from the question reaches the answer, even after N_max): the
       search is undefined and the solution stays unlabelled (``unresolved``) rather than blaming step 0.
+    - ``state_n_max`` (not in the paper, off by default): a state that would be called bad with none of
+      its rollouts correct gets more first, up to ``state_n_max`` per completer, until one is correct
+      (:meth:`MCEstimator.confirm_zero`): with a handful of rollouts a state, a false zero moves the first
+      error early.
     """
 
     alpha: float = 0.5
@@ -263,7 +267,12 @@ class AdaptiveBinarySearch:
     weighting: Weighting = "inv_ppl"
     dynamic_start: bool = True
     stopping: SequentialStopping | None = None
+    state_n_max: int | None = None
     name: str = "adaptive_binary"
+
+    def __post_init__(self) -> None:
+        if self.state_n_max is not None and self.state_n_max < 1:
+            raise ValueError(f"state_n_max must be at least 1 (or None: as many as s_0 took); got {self.state_n_max}")
 
     def parameters(self) -> dict[str, Any]:
         return _params(self)
@@ -285,7 +294,10 @@ class AdaptiveBinarySearch:
             else:
                 mid = (left + right) // 2
             first = False
-            if StateTest("relative", stopping=self.stopping).bad(estimator, mid, threshold, per_state):
+            bad = StateTest("relative", stopping=self.stopping).bad(estimator, mid, threshold, per_state)
+            if bad and self.state_n_max is not None and self.stopping is None:
+                bad = estimator.confirm_zero(mid, self.state_n_max).value <= threshold
+            if bad:
                 right = mid - 1
             else:
                 left = mid + 1

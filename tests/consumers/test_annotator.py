@@ -352,3 +352,24 @@ def test_a_questions_samples_are_the_rollouts_of_its_start_and_spare_the_engine_
     ]
     assert samples.rollouts(solution.question, [None]) == [[]]  # a simulator's rollouts: no samples count
     assert samples.rollouts("another question", [RolloutSpec(SIM, 0.7, 1.0, 384)]) == [[]]
+
+
+class NeverSolves:
+    name = "never"
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        return [Rollout("0", 3, -1.5) for _ in range(n)]
+
+
+def test_a_question_no_rollout_solves_publishes_nothing_and_the_log_says_why(caplog: Any) -> None:
+    import logging
+
+    solution = simulate_solutions(1, seed=3)[0]
+    published: list[list[Envelope]] = []
+    handler = Annotator(
+        AdaptiveBinarySearch(), [NeverSolves()], [ModelRef(backend="test", name="never")], published.append
+    )
+    with caplog.at_level(logging.INFO, logger="prmloop.consumers.annotator"):
+        assert list(handler([_consumed(_sampled(solution, 0), 0)])) == []
+    assert published == [] and handler.stats.as_dict()["unresolved"] == 1
+    assert "no rollout of 72 from the question reached the answer (MC(s_0) = 0)" in caplog.text

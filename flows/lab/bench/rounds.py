@@ -130,12 +130,12 @@ def wait_stored(stored: Callable[[], int], *, settle_s: float = 2.0, timeout_s: 
     return last
 
 
-def _loop_sampling() -> tuple[int, int, int]:
-    """The streaming loop's rollouts a state (``LoopSettings`` owns them)."""
+def _loop_sampling() -> tuple[int, int, int, int]:
+    """The streaming loop's rollouts a state (``LoopSettings`` owns them): N0, N_min, N_max, state N_max."""
     from prmloop.flows.loop.settings import LoopSettings
 
     loop = LoopSettings()
-    return loop.n0, loop.n_min, loop.n_max
+    return loop.n0, loop.n_min, loop.n_max, loop.state_n_max
 
 
 @dataclass
@@ -150,8 +150,9 @@ class Stages:
     stored: Callable[[], int]
     left: Callable[[], float]
     in_flight: int = 1  # solutions the annotator keeps going at once
-    #: MC rollouts per state: N0, N_min, N_max (the streaming loop's, so the bench compares like with like)
-    sampling: tuple[int, int, int] = field(default_factory=_loop_sampling)
+    #: MC rollouts per state: N0, N_min, N_max and a state's N_max when none is correct (the streaming loop's,
+    #: so the bench compares like with like)
+    sampling: tuple[int, int, int, int] = field(default_factory=_loop_sampling)
     eval_questions: int = 8
     eval_set: str = EVAL_SET
     #: seconds without input after which a stage's service stops (the round's drain)
@@ -254,6 +255,7 @@ class Stages:
             n0=self.sampling[0],
             n_min=self.sampling[1],
             n_max=self.sampling[2],
+            state_n_max=self.sampling[3],
             max_new_tokens=plan.rollout_tokens,
             until_idle=self.idle_s + 2,
             max_solutions=plan.annotate,

@@ -32,11 +32,14 @@ def test_the_annotator_the_loop_starts_takes_its_rollout_counts(monkeypatch: pyt
     from prmloop.consumers.annotator_settings import AnnotatorSettings
     from prmloop.models.annotation.estimate import Sampling
 
-    for n0, n_min, n_max in ((2, 1, 4), (3, 0, 3), (16, 10, 72)):
-        for key, value in LoopSettings(n0=n0, n_min=n_min, n_max=n_max).service_environment().items():
+    for n0, n_min, n_max, state_n_max in ((2, 1, 4, 4), (3, 0, 3, 0), (16, 10, 72, 8)):
+        loop = LoopSettings(n0=n0, n_min=n_min, n_max=n_max, state_n_max=state_n_max)
+        for key, value in loop.service_environment().items():
             monkeypatch.setenv(key, value)
         strategy = AnnotatorSettings().make_strategy()
         assert strategy.sampling == Sampling(n0=n0, n_min_correct=n_min, n_max=n_max)  # type: ignore[attr-defined]
+        assert strategy.state_n_max == (state_n_max or None)  # type: ignore[attr-defined]
+    assert LoopSettings().state_n_max == 4  # the loop tops up a state none of whose 2 rollouts solved it
     with pytest.raises(ValidationError, match=r"n0 \(5\) must not exceed n_max \(4\)"):
         LoopSettings(n0=5, n_max=4)
 

@@ -385,3 +385,74 @@ def test_s0_with_samples_first_is_s0_drawn_fresh_when_the_samples_are_the_same_d
     assert seeded == fresh
     assert estimator.ledger.reused_rollouts == min(taken, fresh.rollouts)
     assert estimator.ledger.rollouts == completer.drawn == fresh.rollouts - min(taken, fresh.rollouts)
+
+
+class _PerState:
+    """A completer whose draws from the state after ``m`` steps are the next outcomes of ``outcomes[m]``."""
+
+    name = "per-state"
+
+    def __init__(self, outcomes: dict[int, Sequence[bool]]) -> None:
+        self.outcomes = {m: list(seq) for m, seq in outcomes.items()}
+        self.calls: list[tuple[int, int]] = []
+
+    def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+        self.calls.append((len(steps), n))
+        queue = self.outcomes[len(steps)]
+        drawn, self.outcomes[len(steps)] = queue[:n], queue[n:]
+        return [_rollout(ok, -0.5) for ok in drawn]
+
+
+def test_a_state_with_no_correct_rollout_is_topped_up_before_its_step_is_called_wrong() -> None:
+    # 3 steps, the error in step 1 (the state through step 0 solves the question half the time, the one
+    # through step 1 never). s_0: 1 of 2 correct, MC = 0.5, H = 0.25, so every state gets 2 (EpicPRM).
+    # Midpoint 1: 0 of 2, bad. Then step 0: its first two rollouts fail (a quarter of its draws do).
+    outcomes = {0: [True, False], 1: [False, False, True, True], 2: [False] * 4}
+    sampling = Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2)
+    paper = annotate(_solution(3), AdaptiveBinarySearch(sampling=sampling), [_PerState(outcomes)])
+    assert paper.first_error_step == 0 and paper.cost.rollouts == 6
+    # Topped up to 4: the state through step 1 draws 2 more, none correct: still bad (0 <= H). The state
+    # through step 0 draws 2 more, both correct: MC = 2/4 = 0.5 > H, good, so the error is step 1.
+    completer = _PerState(outcomes)
+    strategy = AdaptiveBinarySearch(sampling=sampling, state_n_max=4)
+    topped = annotate(_solution(3), strategy, [completer])
+    assert completer.calls == [(0, 2), (2, 2), (2, 2), (1, 2), (1, 2)]
+    assert topped.first_error_step == 1 and topped.labels == (True, False, False)
+    assert topped.cost.rollouts == 10 and topped.soft_labels == (0.5, 0.0, None)
+    assert strategy.parameters()["state_n_max"] == 4
+    assert "state_n_max" not in AdaptiveBinarySearch(sampling=sampling).parameters()  # old label ids kept
+
+
+def test_a_top_up_that_finds_one_correct_rollout_may_still_call_the_step_wrong() -> None:
+    # The same start (H = 0.25); the state through step 0 draws 0 of 2, then 1 of 2: MC = 1/4 = H, so
+    # C = 0.5 <= alpha and step 0 stays wrong (the top-up stops at the first correct rollout's batch).
+    # The state through step 1 never solves it: 2, then 2 more, then 4 more, the cap of 8 reached.
+    outcomes = {0: [True, False], 1: [False, False, True, False, True, True], 2: [False] * 8}
+    sampling = Sampling(n0=2, n_min_correct=1, n_max=4, grow_by=2)
+    completer = _PerState(outcomes)
+    result = annotate(_solution(3), AdaptiveBinarySearch(sampling=sampling, state_n_max=8), [completer])
+    assert result.first_error_step == 0
+    assert completer.calls == [(0, 2), (2, 2), (2, 2), (2, 4), (1, 2), (1, 2)]  # one correct ends a top-up
+
+
+def test_confirm_zero_leaves_a_state_with_a_correct_rollout_and_the_known_wrong_end_alone() -> None:
+    completer = _PerState({1: [True, False, True, True], 2: []})
+    estimator = MCEstimator([completer], "q", ["a", "b"], GOLD)
+    with pytest.raises(ValueError, match="not been estimated"):
+        estimator.confirm_zero(0, 4)
+    first = estimator.estimate(0, Sampling.fixed(2))
+    assert estimator.confirm_zero(0, 4) == first and completer.calls == [(1, 2)]
+    end = estimator.estimate(1, Sampling.fixed(2))  # the final state of an incorrect solution: no rollout
+    assert estimator.confirm_zero(1, 4) == end and end.rollouts == 0 and completer.calls == [(1, 2)]
+
+
+def test_confirm_zero_grows_as_many_again_at_a_time_up_to_its_cap() -> None:
+    # 3 rollouts, none correct, cap 8: 3 more (6), then 2 (8), all failing: 8 rollouts, MC 0.
+    completer = _PerState({1: [False] * 8, 2: []})
+    estimator = MCEstimator([completer], "q", ["a", "b"], GOLD)
+    estimator.estimate(0, Sampling.fixed(3))
+    result = estimator.confirm_zero(0, 8)
+    assert completer.calls == [(1, 3), (1, 3), (1, 2)]
+    assert (result.rollouts, result.correct_rollouts, result.value) == (8, 0, 0.0)
+    with pytest.raises(ValueError, match="state_n_max"):
+        AdaptiveBinarySearch(state_n_max=0)
