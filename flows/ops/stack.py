@@ -2,7 +2,8 @@
 
 ``up`` starts, in order, the embedded broker (unless ``KAFKA_BOOTSTRAP_SERVERS`` names one), the sink,
 the scorer, selector, annotator, judge and consensus services, a Prefect server with its UI, and a process that
-serves the loop's deployments (:mod:`prmloop.flows.deployments`). Each runs in its own session (it
+serves the loop's deployments (:mod:`prmloop.flows.deployments`); the Prefect server, slow to come up, is
+launched before the rest and waited for in its turn. Each runs in its own session (it
 outlives the ``up`` command), logs to ``$PRMLOOP_HOME/logs/<name>.log`` and is recorded in
 ``$PRMLOOP_HOME/run/<name>.json`` (pid, command line, start time, and for the Prefect server its URL).
 A second ``up`` says what is already running and starts only what is not. ``down`` stops them in the
@@ -242,6 +243,12 @@ def _http_ok(url: str) -> bool:
 
 
 def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[str], None]) -> ServiceState:
+    record, process = _launch(state, name, env)
+    return _await(state, record, process, say)
+
+
+def _launch(state: StateSettings, name: str, env: dict[str, str]) -> tuple[ServiceState, subprocess.Popen[bytes]]:
+    """Start ``name`` in a session of its own and record it; :func:`_await` waits until it serves."""
     port = free_port() if name in ("prefect", "engine") else None
     argv = _command(name, port)
     logs = state.home / "logs"
@@ -263,6 +270,14 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
     url = (f"http://127.0.0.1:{port}/v1" if name == "engine" else f"http://127.0.0.1:{port}/api") if port else None
     record = ServiceState(name, process.pid, argv, time.time(), str(log), url)
     _record(state, name).write_text(json.dumps(record.__dict__))
+    return record, process
+
+
+def _await(
+    state: StateSettings, record: ServiceState, process: subprocess.Popen[bytes], say: Callable[[str], None]
+) -> ServiceState:
+    """Wait until the service :func:`_launch` started serves (or has not died, for a consumer)."""
+    name, url, log = record.name, record.url, Path(record.log)
     if name == "broker":
         _wait(lambda: find_bootstrap_servers(KafkaSettings(), state) is not None, 60, "the embedded broker", log)
     elif name == "prefect" and url:
@@ -323,6 +338,11 @@ def _up(
         wanted.remove("broker")
     started = []
     _use_engine(state, env)
+    # The Prefect server needs nothing the others start and takes half a minute to come up, as the engine
+    # does: launched first, it starts while the engine and the services load, and is waited for in its turn.
+    early: dict[str, tuple[ServiceState, subprocess.Popen[bytes]]] = {}
+    if "prefect" in wanted and "prefect" not in already:
+        early["prefect"] = _launch(state, "prefect", env)
     new_broker: BrokerInfo | None = None
     for name in wanted:
         if name in already:
@@ -344,10 +364,13 @@ def _up(
         if name == "deployments" and "prefect" not in running_services(state):
             say("deployments: not started (they need the Prefect server: add prefect)")
             continue
-        url = prefect_api_url(state)
+        url = prefect_api_url(state) if "prefect" not in early else None  # only once it serves
         if url and name != "prefect":
             env["PREFECT_API_URL"] = url
-        _start(state, name, env, say)
+        if name in early:
+            _await(state, *early.pop(name), say)
+        else:
+            _start(state, name, env, say)
         started.append(name)
         _use_engine(state, env)
         if name == "broker" and any(n in already for n in KAFKA_SERVICES):

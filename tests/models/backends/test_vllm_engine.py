@@ -69,10 +69,20 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Stat
     _vllm_python()
     state = StateSettings(home=tmp_path_factory.mktemp("engine-home"))
     try:
-        summary = up(["engine"], state=state, say=lambda line: None)
+        summary = up(["engine", "prefect"], state=state, say=lambda line: None)
         yield summary["running"]["engine"]["url"], state
     finally:
         down(state=state, say=lambda line: None)
+
+
+def test_the_prefect_server_starts_while_the_engine_loads(engine: tuple[str, StateSettings]) -> None:
+    """Each takes half a minute to come up on two cores: `up` launches the Prefect server before the
+    engine and waits for it in its turn, so the loop starts about that much sooner."""
+    _, state = engine
+    prefect, model = read_state(state, "prefect"), read_state(state, "engine")
+    assert prefect is not None and model is not None and prefect.alive and model.alive
+    assert prefect.started_at <= model.started_at
+    assert prefect.url and httpx.get(prefect.url + "/health", timeout=30).status_code == 200
 
 
 def _key(engine: tuple[str, StateSettings]) -> str:
@@ -262,7 +272,7 @@ def test_status_shows_the_engine_and_its_load_and_down_stops_it(engine: tuple[st
     assert entry["load"]["cpu_cores_busy"] >= 0 and "requests_running" in entry["load"], entry
     record = read_state(state, "engine")
     assert record is not None
-    assert down(state=state, say=lambda line: None) == ["engine"]
+    assert down(state=state, say=lambda line: None) == ["prefect", "engine"]
     assert not record.alive and read_state(state, "engine") is None
     with pytest.raises(httpx.HTTPError):
         httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
