@@ -300,7 +300,11 @@ class Annotator:
                 checker=self.checker,
                 starts=self.starts,
                 starts_scope=(self.completer_refs, scored.prompt_format),
-                first_rollouts=self.samples.rollouts(scored.question_id, self._specs) if self.reuse_samples else None,
+                first_rollouts=(
+                    self.samples.rollouts(scored.question_id, scored.prompt_format, self._specs)
+                    if self.reuse_samples
+                    else None
+                ),
             )
         except ValueError as error:
             return "reject", f"{scored.solution_id}: {error}"

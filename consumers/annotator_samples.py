@@ -10,7 +10,8 @@ longer than the rollouts' token budget counts as a rollout that ran out of token
 is what a rollout with that budget would have been.
 
 Every sample the annotator reads counts, whatever the selector decided and whether it is correct, in the
-order they came: which samples count does not depend on their outcome.
+order they came: which samples count does not depend on their outcome. Only samples of the prompt
+format a solution was sampled in count for it: another format is another start ``s_0``.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def rollout_specs(completers: Sequence[Completer], refs: Sequence[ModelRef]) -> 
 
 
 class QuestionSamples:
-    """The graded samples of the newest ``max_questions`` questions (thread-safe), each once."""
+    """The graded samples of the newest ``max_questions`` questions (thread-safe), each once, kept apart
+    by the prompt format they were sampled in."""
 
     def __init__(self, max_questions: int = 1000) -> None:
         self.max_questions = max_questions
-        self._samples: OrderedDict[str, dict[str, tuple[SampleAsRollout, str | None, bool]]] = OrderedDict()
+        self._samples: OrderedDict[tuple[str, str | None], dict[str, tuple[SampleAsRollout, str | None, bool]]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def add(self, scored: StepsScored) -> None:
@@ -61,17 +65,21 @@ class QuestionSamples:
         if scored.as_rollout is None:
             return
         answer = scored.final_answer if scored.correct is not None else None
+        key = (scored.question_id, scored.prompt_format)
         with self._lock:
-            kept = self._samples.setdefault(scored.question_id, {})
-            self._samples.move_to_end(scored.question_id)
+            kept = self._samples.setdefault(key, {})
+            self._samples.move_to_end(key)
             kept.setdefault(scored.solution_id, (scored.as_rollout, answer, bool(scored.correct)))
             while len(self._samples) > self.max_questions:
                 self._samples.popitem(last=False)
 
-    def rollouts(self, question_id: str, specs: Sequence[RolloutSpec | None]) -> list[list[tuple[Rollout, bool]]]:
-        """Per completer, the question's samples drawn as its rollouts are, graded, in the order they came."""
+    def rollouts(
+        self, question_id: str, prompt_format: str | None, specs: Sequence[RolloutSpec | None]
+    ) -> list[list[tuple[Rollout, bool]]]:
+        """Per completer, the question's samples in ``prompt_format`` drawn as its rollouts are, graded, in
+        the order they came."""
         with self._lock:
-            samples = list(self._samples.get(question_id, {}).values())
+            samples = list(self._samples.get((question_id, prompt_format), {}).values())
         out: list[list[tuple[Rollout, bool]]] = []
         for spec in specs:
             graded: list[tuple[Rollout, bool]] = []

@@ -306,7 +306,7 @@ def _sample_of(solution: SimulatedSolution, i: int, *, correct: bool | None, tok
         completion_tokens=tokens,
         sum_logprob=-0.5 * tokens,
     )
-    update = {"as_rollout": drawn, "correct": correct}
+    update = {"as_rollout": drawn, "correct": correct, "prompt_format": spec.get("prompt_format", "step_k")}
     return event.model_copy(update={"payload": event.payload.model_copy(update=update)})
 
 
@@ -339,19 +339,24 @@ def test_a_questions_samples_are_the_rollouts_of_its_start_and_spare_the_engine_
             (True, 6, {"temperature": 1.0}),
             (True, 500, {}),
             (None, 6, {}),
+            (True, 6, {"prompt_format": "double_newline"}),
         ]
     ):
         scored = _sample_of(solution, 10 + i, correct=correct, tokens=tokens, **spec).payload
         assert isinstance(scored, StepsScored)
         samples.add(scored)
-    [graded] = samples.rollouts(solution.question, [RolloutSpec(SIM, 0.7, 1.0, 384)])
+    spec = RolloutSpec(SIM, 0.7, 1.0, 384)
+    [graded] = samples.rollouts(solution.question, "step_k", [spec])
     assert [(r.tokens, r.finish_reason, ok) for r, ok in graded] == [
         (6, "stop", True),
         (384, "length", False),
         (6, "stop", False),
     ]
-    assert samples.rollouts(solution.question, [None]) == [[]]  # a simulator's rollouts: no samples count
-    assert samples.rollouts("another question", [RolloutSpec(SIM, 0.7, 1.0, 384)]) == [[]]
+    # A sample in another prompt format is a draw from another start: it counts for that format only.
+    [other_format] = samples.rollouts(solution.question, "double_newline", [spec])
+    assert [(r.tokens, ok) for r, ok in other_format] == [(6, True)]
+    assert samples.rollouts(solution.question, "step_k", [None]) == [[]]  # a simulator's: no samples count
+    assert samples.rollouts("another question", "step_k", [spec]) == [[]]
 
 
 class NeverSolves:
