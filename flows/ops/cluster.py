@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.ops.prefect_home import prefect_auth_environment
+from prmloop.flows.ops.prefect_home import prefect_auth_environment, prefect_cli
 from prmloop.flows.ops.stack import ServiceState, last_log_line
 from prmloop.flows.ops.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.auth.credentials import BROKER_ROLE, PREFECT_ROLE, READER_ROLE, SINK_ROLE, load_credentials
@@ -163,11 +163,10 @@ def cluster_env(state: StateSettings, ports: dict[str, int]) -> dict[str, str]:
 
 def _deploy(env: dict[str, str], say: Callable[[str], None]) -> None:
     """Work pools, ``prefect deploy --all`` of infra/prefect.yaml against the server, schedules paused."""
-    prefect = str(Path(sys.executable).with_name("prefect"))
     deploy_env = {**env, "PRMLOOP_CODE_DIR": str(ROOT)}
     for pool in ("cpu", "gpu"):
-        _run([prefect, "work-pool", "create", pool, "--type", "process", "--overwrite"], deploy_env)
-    _run([prefect, "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"], deploy_env, timeout=300)
+        _run(prefect_cli("work-pool", "create", pool, "--type", "process", "--overwrite"), deploy_env)
+    _run(prefect_cli("--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"), deploy_env, timeout=300)
     script = (
         "import asyncio\nfrom prefect.client.orchestration import get_client\n"
         "async def main():\n    async with get_client() as c:\n"
@@ -186,7 +185,7 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 120) -> None:
 
 def _argv(service: Service) -> list[str]:
     if service.entrypoint == "prefect":
-        return [str(Path(sys.executable).with_name("prefect")), *service.command]
+        return prefect_cli(*service.command)
     return _cli(*service.command)
 
 
@@ -257,7 +256,6 @@ def _cluster_up(*, state: StateSettings, engine: str, say: Callable[[str], None]
         if record is not None:
             _wait(functools.partial(port_open, "127.0.0.1", ports[name]), 120, name, record)
     url = f"http://127.0.0.1:{ports['prefect']}/api"
-    prefect = str(Path(sys.executable).with_name("prefect"))
     server_env = {
         # asyncpg finds the role's password in PGPASSFILE: no password in the URL.
         "PREFECT_API_DATABASE_CONNECTION_URL": f"postgresql+asyncpg://{PREFECT_ROLE}@127.0.0.1:{pg}/prefect",
@@ -267,7 +265,7 @@ def _cluster_up(*, state: StateSettings, engine: str, say: Callable[[str], None]
     }
     record = start(
         "prefect-server",
-        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(ports["prefect"])],
+        prefect_cli("server", "start", "--host", "127.0.0.1", "--port", str(ports["prefect"])),
         server_env,
         url,
     )

@@ -25,7 +25,13 @@ from pathlib import Path
 
 from prmloop.store.auth.credentials import load_credentials
 
-__all__ = ["USER_CHOSE_PREFECT", "isolate_prefect_state", "prefect_auth_environment", "prefect_home"]
+__all__ = [
+    "USER_CHOSE_PREFECT",
+    "isolate_prefect_state",
+    "prefect_auth_environment",
+    "prefect_cli",
+    "prefect_home",
+]
 
 #: The user configured Prefect themselves (evaluated once, before prmloop changes anything).
 USER_CHOSE_PREFECT = bool(os.environ.get("PREFECT_HOME") or os.environ.get("PREFECT_API_URL"))
@@ -89,3 +95,10 @@ def isolate_prefect_state(home: Path) -> Iterator[Path | None]:
         }
     ):
         yield path
+
+
+def prefect_cli(*args: str) -> list[str]:
+    """The argv of Prefect's command line under this interpreter (``python -m prefect``): found however
+    prmloop was installed, also where no ``prefect`` script sits beside ``python`` (``pip install
+    --target``, seen on a GPU node: the bench's Prefect server never started)."""
+    return [sys.executable, "-m", "prefect", *args]

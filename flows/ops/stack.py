@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.ops.prefect_home import prefect_auth_environment, prefect_home
+from prmloop.flows.ops.prefect_home import prefect_auth_environment, prefect_cli, prefect_home
 from prmloop.store.kafka.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
 from prmloop.store.kafka.follow import read_links, remove_links
 from prmloop.store.ports import free_port
@@ -218,8 +218,7 @@ def _command(name: str, port: int | None) -> list[str]:
     if name == "consensus":
         return _cli("consensus")
     if name == "prefect":
-        prefect = str(Path(sys.executable).with_name("prefect"))
-        return [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        return prefect_cli("server", "start", "--host", "127.0.0.1", "--port", str(port))
     if name == "deployments":
         return _cli("deployments", "serve")
     raise ValueError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")

@@ -216,7 +216,14 @@ def bench_loop_real(
         # The Prefect server starts in a home of its own, beside the engine's start (each home runs one
         # `up` at a time); the held-out set's sampler finds the engine in the bench's home.
         ui = StateSettings(home=root / "prefect")
-        starting = threading.Thread(target=lambda: up(["prefect"], state=ui, say=say), name="prefect-start")
+
+        def start_ui() -> None:
+            try:
+                up(["prefect"], state=ui, say=say)
+            except (OSError, RuntimeError) as error:  # the arms still run, each flow on a temporary server
+                say(f"bench: the Prefect server did not start ({error}); flow runs use a temporary one")
+
+        starting = threading.Thread(target=start_ui, name="prefect-start")
         starting.start()
         if reason is None:
             up(["engine"], state=shared, say=say)

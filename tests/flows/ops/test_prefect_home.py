@@ -57,3 +57,20 @@ def test_once_prefect_is_imported_temporary_settings_apply(tmp_path: Path) -> No
         else:
             assert where == tmp_path / "prefect" and get_current_settings().home == where
     assert get_current_settings().home == before
+
+
+def test_prefect_cli_runs_without_a_script_beside_python(tmp_path: Path) -> None:
+    """Prefect's command line is this interpreter's ``-m prefect``: it runs where ``pip install
+    --target`` put no ``prefect`` script beside ``python`` (a GPU node's bench lost its server so)."""
+    from importlib.metadata import version
+
+    from prmloop.flows.ops.prefect_home import prefect_cli
+
+    argv = prefect_cli("version")
+    assert argv[:3] == [sys.executable, "-m", "prefect"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    done = subprocess.run(
+        argv, check=False, env={**clean, "PREFECT_HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-800:]
+    assert version("prefect") in done.stdout
