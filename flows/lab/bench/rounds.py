@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from prmloop.store.tables.duck import QueryError, StoreLocked, query
 
@@ -130,12 +130,21 @@ def wait_stored(stored: Callable[[], int], *, settle_s: float = 2.0, timeout_s: 
     return last
 
 
-def _loop_sampling() -> tuple[int, int, int, int]:
-    """The streaming loop's rollouts a state (``LoopSettings`` owns them): N0, N_min, N_max, state N_max."""
+class StateRollouts(NamedTuple):
+    """MC rollouts a state: N0, N_min, N_max, and a state's N_max when none of its rollouts is correct."""
+
+    n0: int
+    n_min: int
+    n_max: int
+    state_n_max: int
+
+
+def _loop_rollouts() -> StateRollouts:
+    """The streaming loop's rollouts a state (``LoopSettings`` owns them)."""
     from prmloop.flows.loop.settings import LoopSettings
 
     loop = LoopSettings()
-    return loop.n0, loop.n_min, loop.n_max, loop.state_n_max
+    return StateRollouts(n0=loop.n0, n_min=loop.n_min, n_max=loop.n_max, state_n_max=loop.state_n_max)
 
 
 @dataclass
@@ -150,9 +159,8 @@ class Stages:
     stored: Callable[[], int]
     left: Callable[[], float]
     in_flight: int = 1  # solutions the annotator keeps going at once
-    #: MC rollouts per state: N0, N_min, N_max and a state's N_max when none is correct (the streaming loop's,
-    #: so the bench compares like with like)
-    sampling: tuple[int, int, int, int] = field(default_factory=_loop_sampling)
+    #: MC rollouts a state (the streaming loop's, so the bench compares like with like)
+    rollouts: StateRollouts = field(default_factory=_loop_rollouts)
     eval_questions: int = 8
     eval_set: str = EVAL_SET
     #: seconds without input after which a stage's service stops (the round's drain)
@@ -252,10 +260,10 @@ class Stages:
         reserve = self.reserve_s + (rounds - index - 1) * self.overhead_s + min(30.0, self.overhead_s)
         annotating = AnnotatorSettings(
             strategy="adaptive_binary",
-            n0=self.sampling[0],
-            n_min=self.sampling[1],
-            n_max=self.sampling[2],
-            state_n_max=self.sampling[3],
+            n0=self.rollouts.n0,
+            n_min=self.rollouts.n_min,
+            n_max=self.rollouts.n_max,
+            state_n_max=self.rollouts.state_n_max,
             max_new_tokens=plan.rollout_tokens,
             until_idle=self.idle_s + 2,
             max_solutions=plan.annotate,

@@ -189,3 +189,17 @@ def test_the_quick_rounds_arm_runs_the_smallest_round_past_its_budget_until_thre
     assert next_round(retrains=2, until_retrains=None, **after, **common) == (None, False)
     # The smallest round's time: its fixed cost twice and MIN_ROUND_TOKENS (6 x 70 / 0.4 = 1,050) at 25/s.
     assert round_seconds(25.0, 20.0) == pytest.approx(40.0 + 42.0)
+
+
+def test_the_rounds_arm_takes_the_streaming_loops_rollouts_a_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round-based arm's MC stage rolls out as many a state as the streaming loop's annotator, the
+    loop's settings read where the user set them (so the arms compare like with like)."""
+    from prmloop.flows.lab.bench.rounds import StateRollouts, _loop_rollouts
+
+    monkeypatch.setenv("PRMLOOP_LOOP_STATE_N_MAX", "6")
+    monkeypatch.setenv("PRMLOOP_LOOP_N0", "3")
+    rollouts = _loop_rollouts()
+    assert isinstance(rollouts, StateRollouts)
+    assert (rollouts.n0, rollouts.state_n_max) == (3, 6)
+    monkeypatch.delenv("PRMLOOP_LOOP_STATE_N_MAX")
+    assert _loop_rollouts().state_n_max == 4  # the loop's default top-up of a state with no correct rollout
