@@ -72,6 +72,7 @@ def _pipeline(
     prm_kind: str = "ensemble",
     ensemble: EnsembleConfig | None = None,
     eval_set: str = "processbench",
+    unless_snapshot: str | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger() if use_prefect else log
     if prm_kind not in ("ensemble", "lora"):
@@ -86,6 +87,14 @@ def _pipeline(
         manifest = load_snapshot(snapshot_dir)[0]
     examples = examples_of(snapshot_dir)
     logger.info("snapshot %s: %d training solutions", manifest["snapshot_id"], len(examples))
+    if manifest["snapshot_id"] == unless_snapshot:
+        # The labels that triggered this retrain are not in the store yet, or add no training solution:
+        # the same snapshot would train the same PRM again (and count as a point on the curve).
+        return {
+            "trained": False,
+            "reason": f"no new training solution (snapshot {unless_snapshot} unchanged)",
+            "snapshot": manifest,
+        }
     if len(examples) < min_examples:
         return {
             "trained": False,
@@ -204,11 +213,13 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
     prm_kind: str = "ensemble",
     ensemble: EnsembleConfig | None = None,
     eval_set: str = "processbench",
+    unless_snapshot: str | None = None,
 ) -> dict[str, Any]:
     """Snapshot, train, evaluate and register a PRM (see the module docstring). ``db``: the store
     (default ``PRMLOOP_STORE``, else the DuckDB file in ``PRMLOOP_HOME``); ``prm_kind``: ``ensemble``
     (every round, seconds) or ``lora`` (the final PRM); ``eval_set``: the ensemble's held-out set,
-    ``processbench`` or ``arith``."""
+    ``processbench`` or ``arith``; ``unless_snapshot``: train nothing when the labels' snapshot is this
+    one (the last retrain's: nothing new to learn)."""
     if not db:
         from prmloop.store.settings import StateSettings
 
@@ -228,6 +239,7 @@ def retrain(  # noqa: PLR0917 - a Prefect flow's parameters are its UI form
         prm_kind=prm_kind,
         ensemble=ensemble,
         eval_set=eval_set,
+        unless_snapshot=unless_snapshot,
     )
 
 

@@ -95,6 +95,7 @@ class Loop(LoopReport):
         self._annotated_at_start = 0
         self._last_retrain_at = 0.0
         self._accepted_at_retrain = 0
+        self._trained_snapshot: str | None = None  # the last trained retrain's snapshot (its labels)
         self._committed: CommittedOffsets | None = None
         self._retry_batch: tuple[list[Question], list[Question]] | None = None
         self._feed_retry_at = 0.0
@@ -338,6 +339,7 @@ class Loop(LoopReport):
                 ratios=(1.0, 0.0, 0.0),
                 config=PRMConfig(threads=1),
                 bootstrap_servers=self.servers,
+                unless_snapshot=self._trained_snapshot,
             )
         finally:
             self.status.retraining = False
@@ -347,6 +349,7 @@ class Loop(LoopReport):
             reason = str(summary.get("reason"))
             self.status.retrains.append(Retrain(at, accepted, None, False, None, wall, reason, tokens))
             return
+        self._trained_snapshot = str(summary["snapshot"])
         metrics = summary["metrics"]
         f1 = float(metrics.get("heldout_f1", 0.0))
         trained_on = int(metrics.get("train_solutions", accepted))

@@ -46,3 +46,28 @@ def test_retrain_trains_evaluates_and_decides_promotion(tmp_path: Path) -> None:
         prm_kind="lora",
     )
     assert not refused["trained"] and "min_examples" in refused["reason"]
+
+
+def test_a_retrain_on_the_last_retrains_snapshot_trains_nothing(tmp_path: Path) -> None:
+    """The loop passes its last trained snapshot: labels that add no training solution (or are not stored
+    yet) train the same PRM again nowhere; a store with new labels makes a new snapshot, which passes."""
+    from prmloop.flows.retrain import run_retrain
+
+    store = DuckEventStore(tmp_path / "prmloop.duckdb")
+    events = synthetic_events(60, k=4, seed=4)
+
+    def write(start: int, end: int) -> None:
+        consumed = [ConsumedEvent(events[i], "t", 0, i, 0) for i in range(start, end)]
+        store.write_batch(events_to_arrow(consumed), [("t", 0, end)])
+
+    write(0, 30)
+    common = {"prefect": False, "db": str(store.path), "kind": "mc", "out_dir": str(tmp_path / "prm")}
+    first = run_retrain(**common, min_examples=10_000)
+    snapshot = first["snapshot"]["snapshot_id"]
+    assert not first["trained"] and "min_examples" in first["reason"]
+    again = run_retrain(**common, min_examples=10_000, unless_snapshot=snapshot)
+    assert not again["trained"] and again["reason"] == f"no new training solution (snapshot {snapshot} unchanged)"
+    write(30, 60)  # the rest arrive
+    grown = run_retrain(**common, min_examples=10_000, unless_snapshot=snapshot)
+    assert grown["snapshot"]["snapshot_id"] != snapshot
+    assert not grown["trained"] and "min_examples" in grown["reason"]  # past the guard: a new snapshot

@@ -214,3 +214,29 @@ def test_the_pool_sampler_sends_the_running_engines_api_key(tmp_path: Path, monk
     key = load_credentials(tmp_path).engine_api_key
     assert sampler.kind == "vllm" and sampler.api_key == key  # the engine answers 401 without it
     assert sampler.annotator_options()["api_key"] == key
+
+
+def test_a_retrain_names_the_last_trained_snapshot_so_the_same_labels_train_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows import retrain
+
+    asked: list[object] = []
+    answers = [
+        {"trained": True, "snapshot": "s1", "metrics": {"heldout_f1": 0.5}, "promoted": True, "model_id": "m1"},
+        {"trained": False, "snapshot": {"snapshot_id": "s1"}, "reason": "no new training solution (s1 unchanged)"},
+    ]
+
+    def fake(**kwargs: object) -> dict:
+        asked.append(kwargs["unless_snapshot"])
+        return {**answers[len(asked) - 1], "artifact": str(tmp_path / "prm")}
+
+    monkeypatch.setattr(retrain, "run_retrain", fake)
+    monkeypatch.setattr("prmloop.flows.loop.driver.time.sleep", lambda s: None)
+    loop = Loop(LoopSettings(), home=tmp_path)
+    monkeypatch.setattr(loop, "publish_progress", lambda: None)
+    loop._retrain(5)
+    loop._retrain(6)
+    assert asked == [None, "s1"]
+    assert [r.f1 for r in loop.status.retrains] == [0.5, None]  # the second is no point on the curve
+    assert loop.scored_retrains() == 1 and "unchanged" in str(loop.status.retrains[1].reason)
