@@ -83,7 +83,13 @@ class OpenAICompatibleBackend:
         import httpx
 
         try:
-            response = self._client.post(url, json=body)
+            try:
+                response = self._client.post(url, json=body)
+            except httpx.RemoteProtocolError:
+                # The server closed a kept-alive connection as the request went out (its idle timeout and
+                # this reuse crossed; seen once in an hour's loop): nothing was read, so send it again once,
+                # on a new connection. A request is stateless on the server, and seeded where it samples.
+                response = self._client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise OpenAIServerError(
                 f"cannot reach the completions server at {self.base_url} ({type(exc).__name__}: {exc}); "

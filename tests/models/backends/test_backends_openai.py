@@ -5,7 +5,9 @@ The server runs the tiny random model in this process on a free port; requests g
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -158,3 +160,50 @@ def test_the_tokenized_client_scores_and_encodes_like_the_in_process_backend(
 
 def test_the_plain_client_has_no_tokenizer_so_steps_come_from_text(client: OpenAICompatibleBackend) -> None:
     assert not isinstance(client, Tokenized)
+
+
+def _dropping_server(drops: int) -> tuple[int, list[int], threading.Thread]:
+    """A server that reads each request and closes the connection without an answer ``drops`` times, then
+    answers every request with one completion; returns its port, the requests it read, and its thread."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    seen: list[int] = []
+    body = json.dumps(_served_payload([42], " 7")).encode()
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    def serve() -> None:
+        with listener:
+            listener.settimeout(10)
+            while len(seen) < drops + 1:
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    seen.append(len(seen))
+                    if len(seen) > drops:
+                        conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], seen, thread
+
+
+def test_a_connection_the_server_drops_unanswered_is_sent_again_once() -> None:
+    port, seen, thread = _dropping_server(drops=1)
+    with OpenAICompatibleBackend(SERVED, base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5) as client:
+        answer = client._post("/completions", {"model": SERVED, "prompt": "x"})
+    thread.join(5)
+    assert len(seen) == 2 and answer["choices"][0]["text"] == " 7"
+
+
+def test_a_server_that_drops_twice_is_reported_not_retried_forever() -> None:
+    port, seen, _thread = _dropping_server(drops=2)
+    with (
+        OpenAICompatibleBackend(SERVED, base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5) as client,
+        pytest.raises(OpenAIServerError, match="RemoteProtocolError"),
+    ):
+        client._post("/completions", {"model": SERVED, "prompt": "x"})
+    assert len(seen) == 2  # the first try and one more, no third
