@@ -165,7 +165,8 @@ FROM events
 WHERE event_type IN ('StepsLabeled', 'StepsJudged');
 
 -- `promoted`: the registry's decision when the model was registered (its metric was not worse than
--- the model then in force); `signed`: it carries a signature; `in_force`: the newest promoted signed
+-- the model then in force); `signed`: it carries a signature that is not empty (an empty one, `""`, is
+-- unsigned, as the registry reads it); `in_force`: the newest promoted signed
 -- model of its kind. SQL cannot check the signature (the key is in no table): store/tables/registry.py
 -- (models_in_force) does, and so what the loop uses, `models list` and `status` name the newest
 -- promoted model whose signature verifies. Several models of a kind may have been promoted.
@@ -180,7 +181,7 @@ FROM (
         payload->>'model_id' AS model_id,
         payload->>'kind' AS kind,
         coalesce(TRY_CAST(payload->'parameters'->>'promoted' AS BOOLEAN), false) AS promoted,
-        payload->>'signature' IS NOT NULL AS signed,
+        coalesce(payload->>'signature', '') <> '' AS signed,
         payload->'parameters'->>'decision' AS decision,
         payload->'base_model'->>'name' AS base_model,
         payload->>'artifact_uri' AS artifact_uri,

@@ -118,8 +118,9 @@ def check_read_only(sql: str) -> list[str]:
             if kind == duckdb.StatementType.EXPLAIN:
                 raise ReadOnlyViolation(f"statement {i} explains an EXPLAIN: give EXPLAIN SELECT ...")
         if kind not in READ_ONLY_STATEMENTS:
+            shown = _statement_name(inner if explained and inner else st.query, kind)
             raise ReadOnlyViolation(
-                f"statement {i} is {'an EXPLAIN of ' if explained else ''}{kind.name}: `prmloop sql` "
+                f"statement {i} is {'an EXPLAIN of ' if explained else ''}{shown}: `prmloop sql` "
                 "only reads (SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN of those). The store is "
                 "changed only by events, through the sink; export results with --format csv/json instead of COPY."
             )
@@ -131,6 +132,24 @@ def check_read_only(sql: str) -> list[str]:
                 "functions that reach PostgreSQL, run SQL text, or change the lake or its options are refused"
             )
     return [st.query for st in statements]
+
+
+#: Statements DuckDB parses into another statement's kind (INSTALL is a LOAD statement, USE a SET, UPDATE
+#: EXTENSIONS has none), named in a refusal by their own first words.
+_TWO_WORD_STARTS = frozenset({"FORCE", "UPDATE"})
+
+
+def _statement_name(sql: str, kind: duckdb.StatementType) -> str:
+    """What the statement is, as its text says: ``INSTALL`` for ``INSTALL httpfs`` (which DuckDB
+    calls a LOAD statement), else DuckDB's kind."""
+    words = [
+        sql[pos : pos + 64].split(None, 1)[0].upper() if sql[pos : pos + 64].split() else ""
+        for pos, token in duckdb.tokenize(sql)[:2]
+        if token == duckdb.token_type.keyword
+    ]
+    if not words or words[0] == kind.name:
+        return str(kind.name)
+    return " ".join(words[:2]) if words[0] in _TWO_WORD_STARTS and len(words) > 1 else words[0]
 
 
 _NAME = re.compile(r'"((?:[^"]|"")*)"|([\w$]+)')

@@ -223,3 +223,18 @@ def test_the_model_in_force_is_the_newest_promoted_and_signed_of_its_kind(
             assert (current["model_id"] if current else None) == expected
             shown = metrics["current_prm" if kind == "prm" else "current_prm_ensemble"]
             assert (shown["model_id"] if shown else None) == expected
+
+
+def test_an_empty_signature_is_unsigned_in_the_view_as_in_the_registry(tmp_path: Path) -> None:
+    """Issue 54, point 3: a forged promotion with `signature: ""` showed `signed = true, in_force = true`
+    in `model_versions` while the registry and `models list` called it unsigned. The view, which users
+    query, now agrees with the registry on what is signed and in force."""
+    real = _registration("prm", True, 1)
+    forged_payload = _registration("prm", True, 2, signed=False).payload.model_copy(update={"signature": ""})
+    forged = make_event(forged_payload, producer="mallory", occurred_at=datetime(2026, 1, 2, tzinfo=UTC))
+    db = _store(tmp_path / "prmloop.duckdb", [real, forged])
+    rows = {r[0]: r[1:] for r in query(db, "SELECT model_id, signed, in_force FROM model_versions").rows}
+    assert rows[forged_payload.model_id] == (False, False)
+    assert rows[real.payload.model_id] == (True, True)  # type: ignore[union-attr]
+    current = current_model(db, "prm")
+    assert current is not None and current["model_id"] == real.payload.model_id  # type: ignore[union-attr]

@@ -152,6 +152,27 @@ def test_anything_but_a_read_of_the_store_is_refused(stores: Stores, kind: str, 
         check_read_only(sql)
 
 
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("INSTALL httpfs", "INSTALL"),
+        ("/* hidden */ install httpfs", "INSTALL"),
+        ("FORCE INSTALL httpfs", "FORCE INSTALL"),
+        ("LOAD httpfs", "LOAD"),
+        ("UPDATE EXTENSIONS", "UPDATE EXTENSIONS"),
+        ("USE memory", "USE"),
+        ("COPY events TO 'x.csv'", "COPY"),
+        ("EXPLAIN INSTALL httpfs", "an EXPLAIN of INSTALL"),
+    ],
+)
+def test_a_refusal_names_the_statement_as_written(sql: str, named: str) -> None:
+    """Issue 54: `INSTALL httpfs` was refused as "statement 1 is LOAD" (DuckDB parses INSTALL into a
+    LOAD statement); the refusal names what the statement says it is."""
+    with pytest.raises(ReadOnlyViolation) as info:
+        check_read_only(sql)
+    assert str(info.value).startswith(f"statement 1 is {named}: "), info.value
+
+
 def test_after_every_refusal_the_store_and_the_sink_are_intact(stores: Stores) -> None:
     for kind in STORES:
         for sql in WRITING:
