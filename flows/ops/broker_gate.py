@@ -15,6 +15,14 @@ before a byte of theirs reaches Tansu. Tansu advertises the gate's address, so c
 through it. Its S3 requests (durable storage) come out of the namespace through the gate to the
 object gateway, which checks their signatures (:mod:`prmloop.flows.ops.objectgate`).
 
+No other user can stall the gate (issue 54: 200 reconnecting threads as another user had locked the owner
+out). The owner of each connection is asked of the kernel for that one socket (netlink sock_diag, on the
+event loop: a hash lookup, the same cost however many sockets exist); only where netlink is missing is
+``/proc/net/tcp`` read, in a thread, with at most ``--max-pending`` connections waiting for it (beyond,
+a connection is closed unchecked). A user may hold at most ``--max-per-user`` forwarded connections at
+once, and the refusals are logged once per user per minute, with the count of those not logged (another
+user cannot fill the owner's disk).
+
 Where no namespace can be made, Tansu listens on a free loopback port the gate forwards to; that port
 is open to every local user, and the ready file says why (``prmloop status`` shows it).
 """
@@ -32,17 +40,65 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from prmloop.flows.ops.broker import parent_death_signal, resolve_broker_bin
-from prmloop.flows.ops.peer import is_own_user, loopback_peer_uid, open_tcp_table
+from prmloop.flows.ops.peer import PeerLookup, is_own_user
 
-__all__ = ["main"]
+__all__ = ["MAX_PENDING", "MAX_PER_USER", "REFUSAL_LOG_INTERVAL_S", "Gate", "RefusalLog", "main"]
 
 log = logging.getLogger("prmloop.flows.ops.broker_gate")
 
 _BUFFER = 256 * 1024
+#: Connections of one user the gate forwards at once (the owner's whole stack holds a few dozen).
+MAX_PER_USER = 1024
+#: Accepted connections waiting for their owner check (only the /proc/net/tcp fallback waits at all).
+MAX_PENDING = 64
+#: One refusal line per user per this many seconds; the others are counted in the next line.
+REFUSAL_LOG_INTERVAL_S = 60.0
+#: The longest a fallback owner check may take before the connection is refused.
+_CHECK_TIMEOUT_S = 5.0
+
+
+class RefusalLog:
+    """Refusals logged at most once per user (``None``: unknown) per ``interval_s``, with a count of the
+    ones not logged since, so that no other user's flood grows the owner's log by more than a line a
+    minute each."""
+
+    def __init__(self, interval_s: float = REFUSAL_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: dict[int | None, float] = {}
+        self._quiet: Counter[int | None] = Counter()
+
+    def refused(self, uid: int | None, why: str) -> None:
+        now = self._clock()
+        last = self._last.get(uid)
+        if last is not None and now - last < self.interval_s:
+            self._quiet[uid] += 1
+            return
+        more = self._quiet.pop(uid, 0)
+        self._last[uid] = now
+        since = f"; {more} more refused in the last {now - last:.0f} s, not logged" if more and last is not None else ""
+        log.warning("refused a connection from user id %s: %s%s", uid, why, since)
+
+    def flush(self) -> None:
+        """Log the counts of users whose interval has passed (called about twice a second)."""
+        now = self._clock()
+        for uid, more in list(self._quiet.items()):
+            last = self._last[uid]
+            if now - last >= self.interval_s:
+                del self._quiet[uid]
+                self._last[uid] = now
+                log.warning(
+                    "refused %d more connections from user id %s in the last %.0f s (one line a minute per user)",
+                    more,
+                    uid,
+                    now - last,
+                )
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -65,13 +121,49 @@ async def _join(a: socket.socket, b: socket.socket) -> None:
 
 
 class Gate:
-    def __init__(self, control: socket.socket, tansu_port: int, table: IO[str], gateway: tuple[str, int] | None):
+    def __init__(
+        self,
+        control: socket.socket,
+        tansu_port: int,
+        peers: PeerLookup,
+        gateway: tuple[str, int] | None,
+        *,
+        max_per_user: int = MAX_PER_USER,
+        max_pending: int = MAX_PENDING,
+        refusals: RefusalLog | None = None,
+    ):
         self.control = control
         self.tansu_port = tansu_port
-        self.table = table
+        self.peers = peers
         self.gateway = gateway
+        self.max_per_user = max_per_user
+        self.max_pending = max_pending
+        self.refusals = refusals or RefusalLog()
         self.refused = 0
+        self.pending = 0
+        self.forwarded: Counter[int] = Counter()
         self._lock = threading.Lock()
+
+    def _refuse(self, conn: socket.socket, uid: int | None, why: str) -> None:
+        self.refused += 1
+        self.refusals.refused(uid, why)
+        conn.close()
+
+    async def _owner(self, conn: socket.socket) -> tuple[int | None, str]:
+        """Who connected, and why not, if no one could be told."""
+        if self.peers.netlink:
+            return self.peers.uid(conn), "only this user's clients reach the broker"
+        if self.pending >= self.max_pending:
+            return None, f"{self.pending} connections already wait for their owner check"
+        self.pending += 1
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self.peers.uid, conn), _CHECK_TIMEOUT_S), (
+                "only this user's clients reach the broker"
+            )
+        except TimeoutError:
+            return None, f"its owner check took over {_CHECK_TIMEOUT_S:.0f} s"
+        finally:
+            self.pending -= 1
 
     def _inside_socket(self) -> socket.socket:
         """A fresh socket in Tansu's namespace, made by the process that lives there."""
@@ -83,21 +175,32 @@ class Gate:
         return socket.socket(fileno=fds[0])
 
     async def client(self, conn: socket.socket) -> None:
-        uid = loopback_peer_uid(conn, self.table)
-        if not is_own_user(uid):
-            self.refused += 1
-            log.warning("refused a connection from user id %s (only this user's clients reach the broker)", uid)
-            conn.close()
+        uid, why = await self._owner(conn)
+        if uid is None or not is_own_user(uid):
+            self._refuse(conn, uid, why)
             return
-        inside = self._inside_socket()
-        inside.setblocking(False)
+        if self.forwarded[uid] >= self.max_per_user:
+            self._refuse(conn, uid, f"it holds {self.forwarded[uid]} connections already (at most {self.max_per_user})")
+            return
+        self.forwarded[uid] += 1
         try:
-            await asyncio.get_running_loop().sock_connect(inside, ("127.0.0.1", self.tansu_port))
-        except OSError:
-            conn.close()
-            inside.close()
-            return
-        await _join(conn, inside)
+            try:
+                inside = self._inside_socket()
+            except OSError:
+                conn.close()
+                return
+            inside.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(inside, ("127.0.0.1", self.tansu_port))
+            except OSError:
+                conn.close()
+                inside.close()
+                return
+            await _join(conn, inside)
+        finally:
+            self.forwarded[uid] -= 1
+            if self.forwarded[uid] <= 0:
+                del self.forwarded[uid]
 
     async def storage(self, conn: socket.socket) -> None:
         """One of Tansu's S3 requests: to the object gateway (which checks its signature)."""
@@ -157,6 +260,7 @@ async def _serve(
     while not stop.is_set() and namespace.poll() is None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.5)
+        gate.refusals.flush()
     for task in servers:
         task.cancel()
     listener.close()
@@ -175,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ready-file", type=Path, required=True, help="written (JSON) once clients may connect")
     parser.add_argument("--gateway", default=None, help="host:port of the object gateway (durable storage)")
+    parser.add_argument("--max-per-user", type=int, default=MAX_PER_USER, help="connections one user holds at once")
+    parser.add_argument("--max-pending", type=int, default=MAX_PENDING, help="connections waiting for their check")
     parser.add_argument("tansu", nargs=argparse.REMAINDER, help="-- then Tansu's options, without listeners")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s brokergate %(levelname)s %(message)s")
@@ -182,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((args.host, args.port))  # held now, listened on once Tansu answers
-    table = open_tcp_table()  # this namespace's sockets, before anything moves
+    peers = PeerLookup()  # this namespace's sockets, asked before anything moves
     control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     command = [sys.executable, "-m", "prmloop.flows.ops.broker_ns", "--control-fd", str(theirs.fileno())]
     command += ["--advertised", f"tcp://{args.host}:{args.port}", *(["--s3"] if args.gateway else [])]
@@ -202,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = args.gateway.rpartition(":")
         gateway = (host, int(port))
     s3 = socket.socket(fileno=fds[0]) if fds else None
-    gate = Gate(control, 0, table, gateway)
+    if not peers.netlink:
+        log.warning("no netlink socket diagnostics here: owners are read from /proc/net/tcp, off the event loop")
+    gate = Gate(control, 0, peers, gateway, max_per_user=args.max_per_user, max_pending=args.max_pending)
     return asyncio.run(_serve(gate, listener, s3, namespace, args.ready_file))
 
 
