@@ -107,7 +107,9 @@ def test_a_flood_from_another_user_neither_stalls_the_owner_nor_fills_the_log(
 
     attacker = threading.Thread(target=flood)
     attacker.start()
-    answered, failures, sent = [], [], 0
+    answered: list[float] = []
+    failures: list[str] = []
+    sent = 0
     time.sleep(0.5)  # the flood under way
     try:
         while attacker.is_alive():
