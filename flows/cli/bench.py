@@ -320,3 +320,56 @@ def bench_broker_cmd(
     from prmloop.flows.lab.bench.broker import bench_broker_storage
 
     typer.echo(json.dumps(bench_broker_storage(n, batch=batch, dsn=dsn)))
+
+
+@bench_app.command("learn")
+def bench_learn_cmd(
+    *,
+    db: Annotated[str | None, typer.Option(help="the loop's store (default: this home's)")] = None,
+    seeds: Annotated[int, typer.Option(min=1, help="head seeds per arm and budget (random: that many draws too)")] = 3,
+    budgets: Annotated[
+        str | None, typer.Option(help="accepted-label budgets, e.g. 15,30,60 (default: doubling from 15)")
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for training and features")] = None,
+    out: Annotated[Path | None, typer.Option(help="also write the result here as indented JSON")] = None,
+) -> None:
+    """From a loop's store: test F1 (95 % interval) against accepted labels and generated tokens for the
+    loop's consensus labels, exact labels of the same solutions (oracle) and exact labels of random
+    solutions the loop sampled; and where the loop's labels fell. One JSON line."""
+    from prmloop.flows.cli.app import db_path
+    from prmloop.flows.lab.bench.learn import bench_learn, write_json
+
+    try:
+        chosen = [int(v) for v in budgets.split(",")] if budgets else None
+    except ValueError:
+        raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
+
+    def say(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=say)
+    if out is not None:
+        write_json(out, result)
+    typer.echo(json.dumps(result))
+
+
+@bench_app.command("stalls")
+def bench_stalls_cmd(  # noqa: PLR0917 - one parameter per command-line option
+    flood_seconds: Annotated[float, typer.Option(help="seconds of the other user's connection flood")] = 60.0,
+    threads: Annotated[int, typer.Option(help="the flood's threads, as the user nobody")] = 200,
+    interval: Annotated[float, typer.Option(help="seconds between two connections of one flood thread")] = 1.0,
+    query_seconds: Annotated[float, typer.Option(help="seconds the long query runs (its --max-seconds)")] = 300.0,
+    rate: Annotated[int, typer.Option(help="events/s published while the long query runs")] = 100,
+    quick: Annotated[bool, typer.Option(help="a 10 s flood of 50 threads, a 20 s query")] = False,
+) -> None:
+    """Can another user or a query stall the loop? The owner's produce-to-stored p99 and failed requests
+    during another user's connection flood, the gate's CPU share and log growth; publish-to-queryable
+    while a long query runs; the runaway query's exit and time (issue 54)."""
+    from prmloop.flows.lab.bench.stalls import bench_stalls
+
+    if quick:
+        flood_seconds, threads, query_seconds = 10.0, 50, 20.0
+    result = bench_stalls(
+        flood_seconds=flood_seconds, threads=threads, interval=interval, query_seconds=query_seconds, rate=rate
+    )
+    typer.echo(json.dumps(result))
