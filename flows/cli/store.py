@@ -131,7 +131,7 @@ def sink(
 
 
 @app.command()
-def sql(
+def sql(  # noqa: PLR0917 - one parameter per command-line option
     query: Annotated[
         str,
         typer.Argument(help="read-only SQL: SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE, or EXPLAIN of one of them"),
@@ -145,22 +145,30 @@ def sql(
             help="table (one block per record when the columns do not fit the terminal), records, csv or json",
         ),
     ] = OutputFormat.table,
-    timeout: Annotated[float, typer.Option(help="seconds to wait while the sink holds the file")] = 30.0,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the store's read snapshot")] = 30.0,
+    max_seconds: Annotated[
+        float, typer.Option(min=0, help="seconds the query may run before it is stopped (0: no limit)")
+    ] = 60.0,
+    max_memory: Annotated[str, typer.Option(help="memory the query may use, in DuckDB's units (2GB, 500MB)")] = "2GB",
 ) -> None:
-    """Query the label history with SQL, also while the pipeline runs. Never modifies anything: only
-    SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE and EXPLAIN (of a read) run; anything else is refused.
-    Reads --db, else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the
-    DuckDB file."""
-    from prmloop.flows.cli.sql_process import in_query_process, run_in_query_process
+    """Query the label history with SQL, also while the pipeline runs (a query reads a snapshot and
+    never holds the sink up). Never modifies anything: only SELECT, WITH, FROM, DESCRIBE, SHOW, SUMMARIZE
+    and EXPLAIN (of a read) run; anything else is refused. A query that runs past --max-seconds or
+    needs more than --max-memory is stopped, in one line naming the limit (exit code 2). Reads --db,
+    else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the DuckDB file."""
+    from prmloop.flows.cli.sql_process import QueryLimits, in_query_process, run_in_query_process
     from prmloop.flows.ops.cluster import cluster_connection
     from prmloop.store.tables.duck import query as run_query
 
     store = _reading_store(db, cluster_connection())
+    limits = QueryLimits(max_seconds or None, max_memory)
     if not in_query_process():
         # The query runs in a process of its own: no statement can crash this one (ducklake_set_option
         # did, with SIGSEGV, leaving its pid among the catalog's holders).
-        raise typer.Exit(run_in_query_process(store, query, fmt=fmt.value, timeout=timeout))
-    result = run_query(store, query, timeout_s=timeout, sandboxed=True)
+        raise typer.Exit(run_in_query_process(store, query, fmt=fmt.value, timeout=timeout, limits=limits))
+    result = run_query(
+        store, query, timeout_s=timeout, sandboxed=True, max_seconds=limits.max_seconds, max_memory=limits.max_memory
+    )
     print_rows(result.columns, result.rows, fmt, err=err)
 
 

@@ -1,15 +1,16 @@
 """The DuckDB store: schema, the idempotent batch writer, and read-only access for everyone else.
 
-DuckDB allows one writing process per file, and while it holds the file no other process may open
-it, not even to read. prmloop's answer: the sink is the only writer and holds the file only while
-it writes one batch (open, one transaction, close); readers open it read-only between batches and
-retry while the sink holds it. Both waits are measured (``prmloop bench sink`` reports them). A
-long-running reader therefore stalls ingestion (the sink keeps consuming into memory and retries),
-so readers are short: ``prmloop sql`` opens, queries, closes.
+DuckDB allows one writing process per file, and while any process has the file open, even to read,
+no writer gets in. prmloop's answer: the sink is the only writer and holds the file only while it
+writes one batch (open, one transaction, close); readers never open that file. They read a copy the
+writer publishes after its batches (store/tables/published.py: at most every ``publish_every_s``,
+and one at least as new as anything stored before the read started), so a query, an export or a
+snapshot may run for minutes while the sink goes on storing (issue 54: a long query had stopped it).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -32,6 +33,18 @@ from prmloop.store.tables.lake import (
     is_lake_spec,
     open_lake,
     parse_lake,
+)
+from prmloop.store.tables.published import Freshness as _Freshness
+from prmloop.store.tables.published import (
+    Publisher,
+    PublishStats,
+    StoreLocked,
+    WriterMark,
+    current_snapshot,
+    publish,
+    reading_copy,
+    register_writer,
+    unregister_writer,
 )
 from prmloop.store.tables.sql_guard import (
     ReadOnlyViolation,  # noqa: F401 - callers catch it from here
@@ -95,12 +108,17 @@ CREATE TABLE IF NOT EXISTS sink_offsets (
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
 
 
-class StoreLocked(TimeoutError):
-    pass
-
-
 class QueryError(ValueError):
     """A read-only query DuckDB could not run (unknown table, type mismatch, ...): one line."""
+
+
+class QueryLimitExceeded(QueryError):
+    """A query that ran into its time or memory limit and was stopped: one line naming the limit."""
+
+
+#: ``prmloop sql``'s limits unless told otherwise: a query's seconds, and its memory (DuckDB's syntax).
+DEFAULT_MAX_SECONDS = 60.0
+DEFAULT_MAX_MEMORY = "2GB"
 
 
 class QueryIOError(QueryError, OSError):
@@ -183,17 +201,66 @@ def open_writer(location: StoreLocation) -> EventStore:
     return DuckEventStore(where)
 
 
-class DuckEventStore:
-    """The writer side. Only the sink uses it; it holds the file only inside :meth:`write_batch`."""
+#: Seconds between two read snapshots at least (store/tables/published.py); longer for a large file.
+PUBLISH_EVERY_S = 0.5
 
-    def __init__(self, path: Path, *, lock_timeout_s: float = 600.0) -> None:
+
+def _snapshot_connect(path: Path, *, timeout_s: float) -> tuple[duckdb.DuckDBPyConnection, float]:
+    """The writer's file, opened read-only to hold writers off while it is copied."""
+    return _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
+
+
+class DuckEventStore:
+    """The writer side. Only the sink uses it; it holds the file only inside :meth:`write_batch`, and
+    publishes the read snapshots readers open (:meth:`publish_if_due`)."""
+
+    def __init__(self, path: Path, *, lock_timeout_s: float = 600.0, publish_every_s: float = PUBLISH_EVERY_S) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock_timeout_s = lock_timeout_s
-        with self._open() as (con, _):
-            con.execute(SCHEMA_SQL)
-            con.execute(projection_sql())
-            drop_stale_conflicts(con)
+        self._lock = threading.RLock()
+        self.mark = WriterMark(self.path)
+        self.publish_stats = PublishStats()
+        self.publisher = Publisher(self._publish_due, publish_every_s, self.publish_stats)
+        with self._lock:
+            with self._open() as (con, _):
+                con.execute(SCHEMA_SQL)
+                con.execute(projection_sql())
+                drop_stale_conflicts(con)
+            self.mark.committed()
+        register_writer(self.path, self)
+        self.publisher.changed()
+
+    def _publish_due(self) -> None:
+        with self._lock:
+            if self.publisher.dirty:
+                publish(
+                    self.path,
+                    self.mark.generation,
+                    connect=_snapshot_connect,
+                    timeout_s=self.lock_timeout_s,
+                    stats=self.publish_stats,
+                )
+                self.publisher.ran()
+
+    def publish_if_due(self, *, timeout_s: float) -> bool:
+        """Publish a read snapshot now unless the current one holds every batch stored so far, or the
+        last one is too recent (then the writer publishes once it is due); whether it published."""
+        if time.monotonic() < self.publisher.due_at():
+            return False
+        with self._lock:
+            found = current_snapshot(self.path)
+            if found is not None and _Freshness.now(self.path).met_by(found[1]) and found[0].exists():
+                return False
+            publish(
+                self.path,
+                self.mark.generation,
+                connect=_snapshot_connect,
+                timeout_s=timeout_s,
+                stats=self.publish_stats,
+            )
+            self.publisher.ran()
+            return True
 
     @contextmanager
     def _open(self) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
@@ -213,6 +280,13 @@ class DuckEventStore:
         no-op; another fact under the id is a row in ``conflicts`` (never silently dropped), written
         in the same transaction.
         """
+        with self._lock:
+            result = self._write_batch(rows, offsets)
+            self.mark.committed()
+            self.publisher.changed()
+        return result
+
+    def _write_batch(self, rows: pa.Table, offsets: Sequence[tuple[str, int, int]]) -> WriteResult:
         t0 = time.monotonic()
         conflicts = 0
         with self._open() as (con, waited):
@@ -264,7 +338,13 @@ class DuckEventStore:
         return self.path
 
     def close(self) -> None:
-        """Nothing held between batches (the file is opened per batch)."""
+        """Publish what readers have not seen yet; the file itself is not held between batches."""
+        with self._lock:
+            if self.publisher.dirty:
+                with suppress(OSError, duckdb.Error):  # a reader publishes it then
+                    self._publish_due()
+            unregister_writer(self.path, self)
+            self.mark.close()
 
 
 def _changed(result: duckdb.DuckDBPyConnection) -> int:
@@ -306,7 +386,7 @@ READER_CONFIG: dict[str, Any] = {
 }
 
 
-def _quiet_and_locked(con: duckdb.DuckDBPyConnection) -> None:
+def _quiet_and_locked(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None) -> None:
     """No progress bar (a query over 2 s draws one on stdout, into a command's JSON: `prmloop status`
     printed one while the cluster's catalog was slowed by a kill), then no way to change any setting.
     The bar is a connection's setting, not one ``duckdb.connect``'s config takes. The lock is the
@@ -314,6 +394,8 @@ def _quiet_and_locked(con: duckdb.DuckDBPyConnection) -> None:
     reader locked it first, no setting can change, and the lock this function wants is already on."""
     try:
         con.execute("SET enable_progress_bar = false")
+        if memory_limit is not None:
+            _set_memory_limit(con, memory_limit)
     except duckdb.InvalidInputException:
         locked = con.execute("SELECT current_setting('lock_configuration')").fetchone()
         if not (locked and locked[0] is True):
@@ -322,30 +404,63 @@ def _quiet_and_locked(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("SET lock_configuration = true")
 
 
+def _set_memory_limit(con: duckdb.DuckDBPyConnection, memory_limit: str) -> None:
+    try:
+        con.execute("SET memory_limit = ?", [memory_limit])
+    except duckdb.Error as exc:
+        raise QueryError(f"--max-memory {memory_limit!r} is no amount of memory: give e.g. 2GB or 500MB") from exc
+
+
 @contextmanager
 def open_reader(
-    location: StoreLocation, *, timeout_s: float = 30.0, sandboxed: bool = False
+    location: StoreLocation,
+    *,
+    timeout_s: float = 30.0,
+    sandboxed: bool = False,
+    memory_limit: str | None = None,
+    fresh: bool = True,
 ) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
-    """A read-only connection, retried while the sink holds the file. Yields (connection, waited_s).
+    """A read-only connection. Yields (connection, waited_s). On the DuckDB file it reads the newest
+    read snapshot the writer published that holds everything stored before the call (waiting for the
+    next publication if need be; ``fresh=False``: the newest as it is), never the writer's file.
 
     On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up; it
     reaches the catalog as the reader role, and ``sandboxed`` (for someone's SQL) refuses a catalog
     role that can do more than read (see store/tables/lake_catalog.py)."""
     path = locate(location)
     if isinstance(path, LakeStore):
-        with open_lake(path, read_only=True, sandboxed=sandboxed) as lake_con:
+        with open_lake(path, read_only=True, sandboxed=sandboxed, memory_limit=memory_limit) as lake_con:
             yield lake_con, 0.0
         return
     if not path.exists():
         raise FileNotFoundError(
             f"no prmloop database at {path}: start `prmloop sink` (it creates it), or set PRMLOOP_HOME"
         )
-    con, waited = _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
+    con, waited = _open_read_snapshot(path, timeout_s, fresh)
     try:
-        _quiet_and_locked(con)
+        _quiet_and_locked(con, memory_limit)
         yield con, waited
     finally:
         con.close()
+
+
+def _open_read_snapshot(path: Path, timeout_s: float, fresh: bool = True) -> tuple[duckdb.DuckDBPyConnection, float]:
+    """A read-only connection to the newest read snapshot of ``path`` that holds everything stored
+    before this call (store/tables/published.py), else, where no copy can be made beside it, to the
+    file itself (retried while a writer holds it)."""
+    start = time.monotonic()
+    for _ in range(20):
+        copy, _waited = reading_copy(path, connect=_snapshot_connect, timeout_s=timeout_s, fresh=fresh)
+        if copy is None:
+            con, _ = _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
+            return con, time.monotonic() - start
+        try:
+            return duckdb.connect(str(copy), read_only=True, config=READER_CONFIG), time.monotonic() - start
+        except (duckdb.IOException, duckdb.ConnectionException):
+            if copy.exists():
+                raise
+            # a newer copy replaced it between looking and opening: look again
+    raise StoreLocked(f"{path}: its read snapshots kept being replaced while this reader opened them")
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -366,25 +481,61 @@ def query(
     *,
     timeout_s: float = 30.0,
     sandboxed: bool = False,
+    max_seconds: float | None = None,
+    max_memory: str | None = None,
+    fresh: bool = True,
 ) -> QueryResult:
     """Run read-only ``sql`` against the store; the last statement's result is returned.
 
     ``sandboxed``: the SQL is someone's (``prmloop sql``): on a DuckLake, refuse to run it as a
-    catalog role that could do more than read. Every failure of the query is one line."""
+    catalog role that could do more than read. ``max_seconds``: the statements are interrupted
+    (DuckDB's ``interrupt()``, from a timer) once they have run that long; ``max_memory``: DuckDB's
+    ``memory_limit``. Either ends the query in :class:`QueryLimitExceeded`, one line naming the
+    limit. ``fresh=False``: the newest read snapshot as it is (see :func:`reading_copy`), not one
+    at least as new as the call. Every failure of the query is one line."""
     statements = check_read_only(sql)
-    with open_reader(path, timeout_s=timeout_s, sandboxed=sandboxed) as (con, waited):
+    with open_reader(path, timeout_s=timeout_s, sandboxed=sandboxed, memory_limit=max_memory, fresh=fresh) as (
+        con,
+        waited,
+    ):
         result: duckdb.DuckDBPyConnection | None = None
-        for i, st in enumerate(statements):
-            try:
-                result = con.execute(st, params if (params and i == len(statements) - 1) else None)
-                if i == len(statements) - 1:
-                    columns = [d[0] for d in (result.description or [])]
-                    rows = result.fetchall() if columns else []
-            except duckdb.Error as exc:
-                where = f"statement {i + 1}: " if len(statements) > 1 else ""
-                problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
-                io = isinstance(exc, duckdb.IOException | duckdb.ConnectionException)
-                raise (QueryIOError if io else QueryError)(f"the query failed: {where}{_one_line(problem)}") from exc
+        stopped = threading.Event()
+
+        def stop() -> None:
+            stopped.set()
+            con.interrupt()
+
+        timer = threading.Timer(max_seconds, stop) if max_seconds else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            for i, st in enumerate(statements):
+                try:
+                    result = con.execute(st, params if (params and i == len(statements) - 1) else None)
+                    if i == len(statements) - 1:
+                        columns = [d[0] for d in (result.description or [])]
+                        rows = result.fetchall() if columns else []
+                except duckdb.Error as exc:
+                    where = f"statement {i + 1}: " if len(statements) > 1 else ""
+                    if stopped.is_set() or isinstance(exc, duckdb.InterruptException):
+                        raise QueryLimitExceeded(
+                            f"the query was stopped at its time limit of {max_seconds:g} s: "
+                            "give --max-seconds with more (0: no limit)"
+                        ) from exc
+                    if max_memory is not None and isinstance(exc, duckdb.OutOfMemoryException):
+                        raise QueryLimitExceeded(
+                            f"the query was stopped at its memory limit of {max_memory}: "
+                            "give --max-memory with more (e.g. 8GB)"
+                        ) from exc
+                    problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
+                    io = isinstance(exc, duckdb.IOException | duckdb.ConnectionException)
+                    raise (QueryIOError if io else QueryError)(
+                        f"the query failed: {where}{_one_line(problem)}"
+                    ) from exc
+        finally:
+            if timer is not None:
+                timer.cancel()
     return QueryResult(columns, rows, waited)
 
 

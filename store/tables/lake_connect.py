@@ -153,15 +153,20 @@ _SET_ASIDE: list[str] = []
 
 
 @contextmanager
-def open_lake(store: LakeStore, *, read_only: bool, sandboxed: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_lake(
+    store: LakeStore, *, read_only: bool, sandboxed: bool = False, memory_limit: str | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection with the lake attached and selected. Readers get no file, network or extension
     access beyond the lake itself, and cannot switch it back on. ``sandboxed`` (a reader running
-    someone's SQL) also refuses a catalog role that can do more than read (:class:`ReaderRoleError`)."""
+    someone's SQL) also refuses a catalog role that can do more than read (:class:`ReaderRoleError`).
+    ``memory_limit``: DuckDB's, for a reader's queries (``prmloop sql --max-memory``)."""
     con = duckdb.connect(config=dict(BASE_CONFIG))
     try:
         # A query over 2 s draws a progress bar on stdout, into a command's JSON (`prmloop status` printed
         # one while a kill slowed the catalog); duckdb.connect's config does not take this setting.
         con.execute("SET enable_progress_bar = false")
+        if memory_limit is not None:
+            con.execute("SET memory_limit = ?", [memory_limit])
         attach(con, store, read_only=read_only)
         if read_only:
             if sandboxed:

@@ -40,6 +40,7 @@ from prmloop.store.tables.duck import (
     store_health,
 )
 from prmloop.store.tables.lake import LakeEventStore, open_lake
+from prmloop.store.tables.published import snapshot_files
 from prmloop.store.tables.writer import EventStore
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
@@ -263,33 +264,41 @@ def test_reading_files_from_a_select_is_blocked(store: EventStore, tmp_path: Pat
         query(store.location, f"SELECT * FROM read_csv('{secret}')")
 
 
-def test_readers_wait_while_the_writer_holds_the_file_then_read(duck_store: DuckEventStore) -> None:
+def test_a_reader_reads_while_the_writer_holds_the_file(duck_store: DuckEventStore) -> None:
+    """Readers read the writer's published snapshot, never its file: a writer holding the file (a batch
+    being written) holds no reader up, and no reader holds the writer up (issue 54)."""
     held = threading.Event()
     release = threading.Event()
 
     def hold() -> None:
         con = duckdb.connect(str(duck_store.path))
         held.set()
-        release.wait(5)
+        release.wait(30)
         con.close()
 
     t = threading.Thread(target=hold)
     t.start()
     held.wait(5)
-    threading.Timer(0.3, release.set).start()
-    result = query(duck_store.path, "SELECT count(*) FROM events", timeout_s=5)
-    t.join()
+    try:
+        result = query(duck_store.path, "SELECT count(*) FROM events", timeout_s=20)
+        assert not release.is_set()  # answered while the file was still held
+    finally:
+        release.set()
+        t.join()
     assert result.rows == [(0,)]
-    assert result.waited_s >= 0.2
 
 
 def test_a_reader_gives_up_with_a_clear_error_when_the_lock_persists(duck_store: DuckEventStore) -> None:
+    """With no snapshot to read (removed here), the reader must copy the file, and waits for the lock."""
+    for copy in snapshot_files(duck_store.path):
+        copy.unlink()
+    duck_store.path.with_name(duck_store.path.name + ".snapshot.json").unlink()
     con = duckdb.connect(str(duck_store.path))
     try:
         started = time.monotonic()
-        with pytest.raises(StoreLocked, match="stayed locked"):
-            query(duck_store.path, "SELECT 1", timeout_s=0.3)
-        assert time.monotonic() - started < 3
+        with pytest.raises(StoreLocked, match=r"stayed locked|no read snapshot"):
+            query(duck_store.path, "SELECT 1", timeout_s=1.5)
+        assert time.monotonic() - started < 10
     finally:
         con.close()
 
