@@ -11,6 +11,8 @@ request is answered, and the log holds a line a minute per user.
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import socket
 import struct
 import subprocess
@@ -24,6 +26,7 @@ from kafka import KafkaProducer
 
 from prmloop.flows.ops.broker import EmbeddedBroker
 from prmloop.flows.ops.broker_gate import RefusalLog
+from prmloop.flows.ops.peer import PeerLookup, loopback_peer_uid
 from prmloop.store.kafka.producer import ensure_topics
 
 #: The flood, with nothing but the standard library: THREADS threads reconnect for SECONDS seconds,
@@ -147,3 +150,31 @@ def test_refusals_are_logged_once_per_user_per_interval_with_a_count(caplog: pyt
     assert len(lines) == 3, lines
     assert "user id 65534" in lines[0] and "user id 1000" in lines[1]
     assert "999 more connections from user id 65534" in lines[2]
+
+
+def test_the_owner_of_a_connection_is_asked_of_netlink_for_that_socket(
+    as_nobody: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """sock_diag names the same owner as the whole table does, for another user's connection and this
+    user's, without reading the table (issue 54: the table grew to 2,393 lines under the flood)."""
+    peers = PeerLookup()
+    if not peers.netlink:
+        pytest.skip("no netlink socket diagnostics in this kernel or sandbox: the gate reads /proc/net/tcp")
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        hold = "import socket, sys, time; s = socket.create_connection(('127.0.0.1', int(sys.argv[1]))); time.sleep(3)"
+        attacker = threading.Thread(target=as_nobody, args=(["python3", "-c", hold, str(port)],))
+        attacker.start()
+        theirs, _ = server.accept()
+        mine_client = socket.create_connection(("127.0.0.1", port))
+        mine, _ = server.accept()
+        try:
+            with open("/proc/net/tcp") as table:
+                assert peers.uid(theirs) == loopback_peer_uid(theirs, table) == pwd.getpwnam("nobody").pw_uid
+                assert peers.uid(mine) == loopback_peer_uid(mine, table) == os.geteuid()
+            assert peers.netlink  # answered by netlink, not by falling back
+        finally:
+            for s in (theirs, mine, mine_client):
+                s.close()
+            attacker.join()
+            peers.close()
