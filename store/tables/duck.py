@@ -203,6 +203,9 @@ def open_writer(location: StoreLocation) -> EventStore:
 
 #: Seconds between two read snapshots at least (store/tables/published.py); longer for a large file.
 PUBLISH_EVERY_S = 0.5
+#: How long the writer waits for the file's lock to publish (someone else's read-only connection):
+#: then it tries again later, and readers copy the file themselves.
+_PUBLISH_LOCK_TIMEOUT_S = 5.0
 
 
 def _snapshot_connect(path: Path, *, timeout_s: float) -> tuple[duckdb.DuckDBPyConnection, float]:
@@ -238,7 +241,7 @@ class DuckEventStore:
                     self.path,
                     self.mark.generation,
                     connect=_snapshot_connect,
-                    timeout_s=self.lock_timeout_s,
+                    timeout_s=_PUBLISH_LOCK_TIMEOUT_S,
                     stats=self.publish_stats,
                 )
                 self.publisher.ran()

@@ -384,7 +384,12 @@ class Publisher:
         """A batch was stored: publish now, or schedule it."""
         self.dirty = True
         if time.monotonic() >= self.due_at():
-            self._run()
+            try:
+                self._run()
+            except Exception as exc:  # noqa: BLE001 - the batch is stored: a publication is tried again later
+                log.warning("publishing a read snapshot failed (tried again; readers publish their own): %s", exc)
+                self.last_end = time.monotonic()
+                _scheduler().at(self.due_at(), self)
         else:
             _scheduler().at(self.due_at(), self)
 
@@ -420,8 +425,10 @@ class _Scheduler:
                 continue
             try:
                 publisher._run()
-            except Exception as exc:  # noqa: BLE001 - a reader publishes what a failed publication missed
-                log.warning("publishing a read snapshot failed (readers publish their own): %s", exc)
+            except Exception as exc:  # noqa: BLE001 - tried again; a reader publishes what it misses
+                log.warning("publishing a read snapshot failed (tried again; readers publish their own): %s", exc)
+                publisher.last_end = time.monotonic()
+                self.at(publisher.due_at(), publisher)
 
 
 _SCHEDULERS: dict[int, _Scheduler] = {}  # by process id: a forked child has none of its parent's threads
