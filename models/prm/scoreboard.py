@@ -37,6 +37,9 @@ class F1Interval:
     lo: float | None
     hi: float | None
     n: int
+    #: of the ``n``: solutions with a first error (the rest are correct); a level with none of one kind
+    #: has no F1 (SmolLM2 answers no level-5 question right)
+    erroneous: int = 0
 
     def as_dict(self) -> dict[str, float | int | None]:
         r = 4
@@ -45,6 +48,7 @@ class F1Interval:
             "lo": None if self.lo is None else round(self.lo, r),
             "hi": None if self.hi is None else round(self.hi, r),
             "n": self.n,
+            "erroneous": self.erroneous,
         }
 
 
@@ -113,12 +117,13 @@ def f1_interval(
     if not truth:
         return F1Interval(None, None, None, 0)
     counts, _ = _per_question(predicted, truth, questions)
+    erroneous = sum(y >= 0 for y in truth)
     if point is None:
-        return F1Interval(None, None, None, len(truth))
+        return F1Interval(None, None, None, len(truth), erroneous)
     sampled = _f1_of(_weights(len(counts), draws, seed) @ counts)
     sampled = sampled[~np.isnan(sampled)]
     lo, hi = (float(v) for v in np.percentile(sampled, [2.5, 97.5])) if sampled.size else (point, point)
-    return F1Interval(float(point), lo, hi, len(truth))
+    return F1Interval(float(point), lo, hi, len(truth), erroneous)
 
 
 def f1_report(

@@ -17,7 +17,7 @@ def test_f1_is_processbench_harmonic_mean_by_hand() -> None:
     questions = ["a", "a", "b", "b", "c", "c"]
     result = f1_interval(predicted, truth, questions)
     assert result.f1 == pytest.approx(2 * 0.75 * 0.5 / 1.25)  # 0.6
-    assert result.n == 6
+    assert result.n == 6 and result.erroneous == 4
     assert result.lo is not None and result.hi is not None
     assert result.lo <= result.f1 <= result.hi
 
@@ -36,7 +36,7 @@ def test_interval_is_a_point_when_every_question_is_alike() -> None:
 
 def test_no_f1_without_both_kinds() -> None:
     only_wrong = f1_interval([0, 1], [0, 1], ["a", "b"])
-    assert only_wrong.f1 is None and only_wrong.lo is None and only_wrong.n == 2
+    assert only_wrong.f1 is None and only_wrong.lo is None and only_wrong.n == 2 and only_wrong.erroneous == 2
 
 
 def test_report_has_every_level() -> None:
