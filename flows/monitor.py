@@ -59,8 +59,14 @@ def _in_force(metrics: dict[str, Any]) -> str:
     for key, kind in (("current_prm", "LoRA PRM"), ("current_prm_ensemble", "ensemble PRM")):
         prm = metrics.get(key)
         if prm:
-            f1 = (prm.get("metrics") or {}).get("heldout_f1")
-            lines.append(f"{kind} {prm['model_id']}" + (f" (held-out F1 {f1:.3f})" if isinstance(f1, float) else ""))
+            found = prm.get("metrics") or {}
+            test, val = found.get("test_f1"), found.get("heldout_f1")
+            if isinstance(test, float):
+                lo, hi = found.get("test_f1_lo", test), found.get("test_f1_hi", test)
+                shown = f" (test F1 {test:.3f} [{lo:.3f}, {hi:.3f}])"
+            else:
+                shown = f" (validation F1 {val:.3f})" if isinstance(val, float) else ""
+            lines.append(f"{kind} {prm['model_id']}{shown}")
     return "; ".join(lines) if lines else "none yet"
 
 
@@ -88,15 +94,20 @@ def summary_markdown(metrics: dict[str, Any]) -> str:
 
 
 def learning_table(learning: list[dict[str, Any]]) -> list[str]:
-    """The learning curve as markdown table lines: round, labels, tokens, skipped, held-out F1."""
+    """The learning curve as markdown table lines: round, labels, tokens, skipped, the test F1 with its
+    bootstrap 95 % interval, the validation F1 promotion used, promoted."""
     rows = [
-        "| round | accepted labels | trained on | generated tokens | skipped by the PRM | held-out F1 | promoted |",
-        "|---|---|---|---|---|---|---|",
+        "| round | accepted labels | trained on | generated tokens | skipped by the PRM | test F1 [95 % CI] "
+        "| validation F1 | promoted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in learning:
+        test = _fmt(r.get("test_f1"), ".3f")
+        if r.get("test_f1_lo") is not None and r.get("test_f1_hi") is not None:
+            test += f" [{r['test_f1_lo']:.3f}, {r['test_f1_hi']:.3f}]"
         rows.append(
             f"| {r['round']} | {r['accepted_labels']} | {r['train_solutions']} | {r['generated_tokens']:,} "
-            f"| {r['skipped']} | {_fmt(r['heldout_f1'], '.3f')} | {'yes' if r['promoted'] else 'no'} |"
+            f"| {r['skipped']} | {test} | {_fmt(r['heldout_f1'], '.3f')} | {'yes' if r['promoted'] else 'no'} |"
         )
     return rows
 
@@ -106,19 +117,31 @@ def publish_curve(png: Any, figures: dict[str, Any]) -> None:
     from pathlib import Path
 
     data = base64.b64encode(Path(png).read_bytes()).decode()
-    points = ", ".join(f"{f1:.3f} at {at / 60:.1f} min" for at, f1 in figures.get("f1_curve", []))
+    tested = figures.get("test_curve") or []
+    if tested:
+        points = ", ".join(
+            f"{p['f1']:.3f}"
+            + (f" [{p['lo']:.3f}, {p['hi']:.3f}]" if p.get("lo") is not None else "")
+            + f" at {p['labels']} labels ({p['at_s'] / 60:.1f} min)"
+            for p in tested
+        )
+    else:
+        points = ", ".join(f"{f1:.3f} at {at / 60:.1f} min" for at, f1 in figures.get("f1_curve", []))
     markdown = "\n".join(
         [
             "## the loop learning",
             "",
             f"- accepted labels: {figures.get('accepted_labels')} ({figures.get('accepted_per_minute')} per minute)",
             f"- engine busy after warm-up: {figures.get('engine_busy_fraction')}",
-            f"- held-out F1 per retrain: {points or 'none'}",
+            f"- test F1 [95 % CI] per retrain (the shipped test set; nothing trains or promotes on it): "
+            f"{points or 'none'}",
             "",
             f"![learning curve](data:image/png;base64,{data})",
         ]
     )
-    create_markdown_artifact(key=CURVE_KEY, markdown=markdown, description="held-out F1 after each retrain")
+    create_markdown_artifact(
+        key=CURVE_KEY, markdown=markdown, description="test F1 with its 95 % interval after each retrain"
+    )
 
 
 @task(name="loop-metrics")

@@ -303,8 +303,9 @@ def _prm_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"{'PRM' if i == 0 else '':<12}{kind} {m.get('model_id')} in force since {when}; {shown}")
     learning = report.get("learning") or []
     if learning:
-        curve = " → ".join("-" if r.get("heldout_f1") is None else f"{r['heldout_f1']:.2f}" for r in learning[-8:])
-        lines.append(f"learning    held-out F1 by retrain: {curve} ({len(learning)} retrains)")
+        lines.append(
+            f"learning    test F1 [95 % CI] by retrain: {_test_curve(learning[-5:])} ({len(learning)} retrains)"
+        )
     calibration = report.get("calibration")
     if isinstance(calibration, dict):
         lines.append(
@@ -314,3 +315,19 @@ def _prm_lines(report: dict[str, Any]) -> list[str]:
     else:
         lines.append("calibrated  not yet")
     return lines
+
+
+def _test_curve(learning: list[dict[str, Any]]) -> str:
+    """Retrains' test F1 with their intervals (``0.81 [0.79, 0.83]``); the validation F1 of older models
+    that have none, marked ``(val)``."""
+    parts = []
+    for r in learning:
+        if r.get("test_f1") is not None:
+            lo, hi = r.get("test_f1_lo"), r.get("test_f1_hi")
+            interval = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+            parts.append(f"{r['test_f1']:.2f}{interval}")
+        elif r.get("heldout_f1") is not None:
+            parts.append(f"{r['heldout_f1']:.2f} (val)")
+        else:
+            parts.append("-")
+    return " → ".join(parts)

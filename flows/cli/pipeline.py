@@ -255,7 +255,9 @@ def demo(
         Path | None, typer.Option(help="state folder (default $PRMLOOP_HOME, where every command looks)")
     ] = None,
     threads: Annotated[int | None, typer.Option(help="torch CPU threads of in-process models")] = None,
-    levels: Annotated[str, typer.Option(help="arithmetic curriculum levels the loop samples, e.g. 1,2")] = "1,2",
+    levels: Annotated[
+        str, typer.Option(help="arithmetic curriculum levels the loop samples, e.g. 1,2 (default: every level)")
+    ] = "1,2,3,4,5",
     judge: Annotated[
         str, typer.Option(help="exact (the curriculum's step checker), critic or stepwise (the LLM judge)")
     ] = "exact",

@@ -36,9 +36,13 @@ __all__ = ["DEMO_QUERIES", "DemoError", "DemoSettings", "command_prefix", "next_
 
 #: Queries the demo ends with (and runs), for the user to try with ``prmloop sql``.
 DEMO_QUERIES = {
-    "the loop learning: each retrain's ensemble PRM on the held-out set": (
-        "SELECT model_id[:8] AS model, train_examples AS trained_on, round(CAST(metrics->>'heldout_f1' AS DOUBLE), 3) "
-        "AS heldout_f1, promoted FROM model_versions WHERE kind = 'prm_ensemble' ORDER BY registered_at"
+    "the loop learning: each retrain's ensemble PRM on the test set, with its 95 % interval": (
+        "SELECT model_id[:8] AS model, train_examples AS trained_on, "
+        "round(CAST(metrics->>'test_f1' AS DOUBLE), 3) AS test_f1, "
+        "round(CAST(metrics->>'test_f1_lo' AS DOUBLE), 3) AS lo, "
+        "round(CAST(metrics->>'test_f1_hi' AS DOUBLE), 3) AS hi, "
+        "round(CAST(metrics->>'heldout_f1' AS DOUBLE), 3) AS validation_f1, promoted "
+        "FROM model_versions WHERE kind = 'prm_ensemble' ORDER BY registered_at"
     ),
     "what consensus decided, and why": (
         "SELECT decision, coalesce(reason, '-') AS reason, count(*) AS solutions FROM consensus "
@@ -63,7 +67,7 @@ class DemoSettings:
     home: Path | None = None
     minutes: float = 15.0
     threads: int | None = None
-    levels: tuple[int, ...] = (1, 2)
+    levels: tuple[int, ...] = (1, 2, 3, 4, 5)
     seed: int = 0
     judge: Literal["exact", "critic", "stepwise"] = "exact"
     #: auto: the machine's vLLM engine where ``make vllm`` made it ready, else transformers.

@@ -10,9 +10,11 @@ serving the deployments) and then drives the loop from this process:
   queue (``order=priority``), or samples new questions in the order they come (``order=random``).
   The backlog never grows past about ``ahead`` plus one feed: backpressure from consumer lag;
 - **retraining**: ``retrain_every`` new accepted labels, or ``retrain_seconds`` with at least one new,
-  start a ``retrain`` flow run of the ensemble PRM on every accepted label, scored on the held-out set
-  (``eval_set``: by default the model's own solutions to questions the loop never samples, with the
-  curriculum checker's exact first errors, made once and cached). A promoted PRM is picked up by the
+  start a ``retrain`` flow run of the ensemble PRM on every accepted label, promoted on the validation set
+  and scored on the shipped test set (:mod:`prmloop.flows.pools.testset`); the validation set
+  (``eval_set``: by default the model's own solutions to questions of another seed than the loop's and
+  the test set's, with the curriculum checker's exact first errors, shipped for the embedded model, else
+  made once and cached). A promoted PRM is picked up by the
   selector (it looks the registry up every few seconds) and by the next feed's prioritizer, without a
   restart;
 - **calibrating** the aggregation every ``calibrate_minutes`` (a ``calibrate`` flow run);
@@ -37,7 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.loop.report import LoopReport
-from prmloop.flows.loop.settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
+from prmloop.flows.loop.settings import (
+    LoopError,
+    LoopSettings,
+    LoopStatus,
+    QuestionStream,
+    Retrain,
+    retrain_of,
+    sampled_indices,
+)
 from prmloop.flows.loop.watch import (
     CommittedOffsets,
     EngineMeter,
@@ -351,11 +361,18 @@ class Loop(LoopReport):
             return
         self._trained_snapshot = str(summary["snapshot"])
         metrics = summary["metrics"]
-        f1 = float(metrics.get("heldout_f1", 0.0))
         trained_on = int(metrics.get("train_solutions", accepted))
         promoted = bool(summary["promoted"])
         self.status.retrains.append(
-            Retrain(at + wall, trained_on, f1, promoted, summary["model_id"], wall, None, tokens)
+            retrain_of(
+                metrics,
+                at_s=at + wall,
+                accepted=trained_on,
+                promoted=promoted,
+                model_id=summary["model_id"],
+                wall_s=wall,
+                tokens=tokens,
+            )
         )
         if summary["promoted"]:
             self.status.prm = summary["artifact"]
@@ -372,6 +389,9 @@ class Loop(LoopReport):
         png = curve_png(self.status.retrains, self.home / "loop" / "learning-curve.png")
         result = self.result()
         figures = {key: result.get(key) for key in CURVE_FIGURES}  # a flow run's parameters: keep them small
+        figures["test_curve"] = [
+            {k: p[k] for k in ("at_s", "labels", "f1", "lo", "hi")} for p in result["test_curve"][-12:]
+        ]
         monitor(str(self.db), curve=str(png) if png is not None else None, figures=figures)
 
     def _prepare_heldout(self) -> None:

@@ -48,6 +48,29 @@ class LoopReport:
             self.status.cpu_s["driver"] = own_cpu
 
     # -- results -------------------------------------------------------------------------------------
+    def per_window(self, levels: list[Any], wall: float, window_s: float = 600.0) -> list[dict[str, Any]]:
+        """Every 10 minutes (the last one may be partial): accepted labels per level, and the test F1 per
+        level of the last retrain that landed in it, so a user sees the loop leave the levels that
+        stopped teaching."""
+        out = []
+        for index in range(int(wall // window_s) + (wall % window_s > 0)):
+            landed = [
+                r
+                for r in self.status.retrains
+                if r.f1 is not None and index * window_s <= r.at_s < (index + 1) * window_s
+            ]
+            last = landed[-1] if landed else None
+            counts = levels[index] if index < len(levels) else {}
+            out.append(
+                {
+                    "from_min": round(index * window_s / 60),
+                    "accepted_by_level": dict(sorted(counts.items())),
+                    "test_f1": None if last is None else round(last.f1 or 0.0, 4),
+                    "test_f1_by_level": {} if last is None else {k: round(v[0], 4) for k, v in last.by_level.items()},
+                }
+            )
+        return out
+
     def result(self, warm_up_s: float = 60.0) -> dict[str, Any]:
         """The run in figures: what the bench, the demo's summary and the soak report. The engine's busy
         fraction "after warm-up" counts from ``warm_up_s`` after the first feed began."""
@@ -74,6 +97,22 @@ class LoopReport:
             "engine_busy_fraction_all": _round(self.meter.busy_fraction() if self.meter else None),
             "prefix_cache_hit_rate": _round(self.meter.prefix_cache_hit_rate() if self.meter else None),
             "f1_curve": [[round(r.at_s, 1), round(r.f1, 4)] for r in trained if r.f1 is not None],
+            # every point on the test set with its bootstrap 95 % interval and per level
+            "test_curve": [
+                {
+                    "at_s": round(r.at_s, 1),
+                    "labels": r.accepted,
+                    "tokens": r.tokens,
+                    "f1": round(r.f1, 4),
+                    "lo": r.f1_lo,
+                    "hi": r.f1_hi,
+                    "by_level": {level: list(v) for level, v in r.by_level.items()},
+                    "validation_f1": r.val_f1,
+                    "promoted": r.promoted,
+                }
+                for r in trained
+                if r.f1 is not None
+            ],
             "retrains": [r.__dict__ for r in self.status.retrains],
             "feeds": self.status.feeds,
             "stage_overlap": round(totals.stage_overlap(), 3) if totals else 0.0,
@@ -82,6 +121,7 @@ class LoopReport:
             "rss_summary": rss_summary(self.status.rss),
             "cpu_s": dict(self.status.cpu_s),
             "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
+            "per_10_min": self.per_window(totals.accepted_levels if totals else [], wall),
             "errors": [self.status.last_error] if self.status.last_error else [],
         }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,7 +37,9 @@ class LoopSettings(BaseSettings):
     engine: Literal["auto", "vllm", "transformers"] = Field(
         default="auto", description="auto: the machine's vLLM engine where `make vllm` made it ready, else transformers"
     )
-    levels: str = Field(default="1,2", description="arith curriculum levels the loop samples, e.g. 1,2")
+    levels: str = Field(
+        default="1,2,3,4,5", description="arith curriculum levels the loop samples (default: every level), e.g. 1,2"
+    )
     seed: int = Field(default=0, description="question and sampling seed (the held-out set uses another)")
     order: Literal["priority", "random"] = Field(
         default="priority", description="priority: probe new questions and top up the best; random: as they come"
@@ -58,8 +60,12 @@ class LoopSettings(BaseSettings):
     retrain_seconds: float = Field(default=90.0, gt=0, description="or after this many seconds with a new one")
     min_labels: int = Field(default=6, ge=1, description="accepted labels before the first retrain")
     calibrate_minutes: float | None = Field(default=30.0, gt=0, description="calibrate the aggregation this often")
-    eval_set: str = Field(default="arith", description="the retrained PRM's held-out set (arith, arith-reference)")
-    eval_questions: int = Field(default=8, ge=1, description="held-out questions per level")
+    eval_set: str = Field(
+        default="arith",
+        description="the validation set promotion is decided on (arith, arith-reference); every figure shown is "
+        "on the shipped test set",
+    )
+    eval_questions: int = Field(default=20, ge=1, description="validation questions per level (4 solutions each)")
     in_flight: int = Field(
         default=4,
         ge=1,
@@ -178,6 +184,20 @@ class Retrain:
     reason: str | None = None
     #: generated tokens when the retrain started (what its labels cost)
     tokens: int = 0
+    #: ``f1`` is the test F1 (the shipped test set nothing trains or promotes on); its bootstrap 95 %
+    #: interval, the F1 per level (``{"L1": (f1, lo, hi)}``) and the validation F1 promotion used
+    f1_lo: float | None = None
+    f1_hi: float | None = None
+    by_level: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    val_f1: float | None = None
+
+    def f1_text(self) -> str:
+        """``0.812 [0.790, 0.833]`` (the interval where there is one), ``-`` without an F1."""
+        if self.f1 is None:
+            return "-"
+        if self.f1_lo is None or self.f1_hi is None:
+            return f"{self.f1:.3f}"
+        return f"{self.f1:.3f} [{self.f1_lo:.3f}, {self.f1_hi:.3f}]"
 
 
 @dataclass
@@ -209,3 +229,38 @@ class LoopStatus:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+
+def retrain_of(
+    metrics: dict[str, Any],
+    *,
+    at_s: float,
+    accepted: int,
+    promoted: bool,
+    model_id: str | None,
+    wall_s: float,
+    tokens: int,
+) -> Retrain:
+    """A retrain's point on the curve from its ``ModelRegistered`` metrics: the test F1 with its interval
+    and per level (the validation F1 where a store predates the test set)."""
+    test = metrics.get("test_f1")
+    val = metrics.get("heldout_f1")
+    levels = {
+        key.removeprefix("test_f1_"): (float(metrics[key]), float(metrics[f"{key}_lo"]), float(metrics[f"{key}_hi"]))
+        for key in metrics
+        if key.startswith("test_f1_L") and not key.endswith(("_lo", "_hi")) and f"{key}_lo" in metrics
+    }
+    return Retrain(
+        at_s,
+        accepted,
+        float(test if test is not None else (val or 0.0)),
+        promoted,
+        model_id,
+        wall_s,
+        None,
+        tokens,
+        f1_lo=None if test is None else float(metrics["test_f1_lo"]),
+        f1_hi=None if test is None else float(metrics["test_f1_hi"]),
+        by_level=dict(sorted(levels.items())),
+        val_f1=None if val is None else float(val),
+    )

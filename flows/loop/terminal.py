@@ -146,7 +146,9 @@ def finish(loop: Loop, result: dict[str, Any], term: Terminal) -> None:
         term.stage("monitor", f"artifacts not published: {type(exc).__name__}: {exc}")
     result["learning_curve_png"] = str(png) if png.is_file() else None
     term.say()
-    term.say("The loop's learning curve (each retrain's ensemble PRM on the held-out set):")
+    term.say(
+        "The loop's learning curve (each retrain's ensemble PRM on the test set; nothing trains or promotes on it):"
+    )
     for line in curve_lines(loop.status.retrains) if loop.status.retrains else ["  no PRM was trained"]:
         term.say(line)
     if png.is_file():

@@ -3,8 +3,8 @@ progress line every half minute elsewhere (logs, CI, a pipe), and the learning c
 
 The panel: time, engine (its busy fraction over the last minute from its own gauge, and its
 generation rate), labels (accepted per minute over the last five minutes and overall, MC labels,
-rejections), the backlog that paces the sampler, and each retrain's held-out F1 as it lands, with
-the PRM in force.
+rejections), the backlog that paces the sampler, and each retrain's test F1 with its bootstrap 95 %
+interval as it lands (the shipped test set nothing trains or promotes on), with the PRM in force.
 """
 
 from __future__ import annotations
@@ -76,11 +76,14 @@ def snapshot(loop: Loop) -> dict[str, Any]:
 
 def progress_line(s: dict[str, Any]) -> str:
     """One line of the figures, for logs and terminals without a panel."""
-    curve = ", ".join(f"{r.f1:.3f}" for r in s["retrains"] if r.f1 is not None) or "none yet"
+    scored = [r for r in s["retrains"] if r.f1 is not None]
+    curve = ", ".join(r.f1_text() for r in scored[-4:]) or "none yet"
+    if len(scored) > 4:
+        curve = f"... {curve}"
     return (
         f"[{s['elapsed']:5.0f}s] accepted {s['accepted']} ({s['per_minute']:.1f}/min), rejected {s['rejected']}, "
         f"MC {s['mc']}; solutions {s['solutions']} ({s['correct']} correct), {s['tokens']:,} tokens; "
-        f"engine busy {_pct(s['busy_recent'])}; waiting {s['waiting']}; held-out F1 per retrain: {curve}"
+        f"engine busy {_pct(s['busy_recent'])}; waiting {s['waiting']}; test F1 [95 % CI] per retrain: {curve}"
     )
 
 
@@ -108,10 +111,10 @@ def render(s: dict[str, Any]) -> Group:
     figures.add_row("PRM in force", f"ensemble {prm}" + ("; retraining..." if s["retraining"] else ""))
     if s["error"]:
         figures.add_row("last error", Text(s["error"][:160], style="red"))
-    curve = Table("retrain", "at", "labels", "held-out F1", "promoted", box=None, padding=(0, 1))
-    for i, r in enumerate(s["retrains"], start=1):
-        f1 = f"{r.f1:.3f}" if r.f1 is not None else f"- ({r.reason})"
-        curve.add_row(str(i), f"{r.at_s:.0f}s", str(r.accepted), f1, "yes" if r.promoted else "no")
+    curve = Table("retrain", "at", "labels", "test F1 [95 % CI]", "by level", "promoted", box=None, padding=(0, 1))
+    for i, r in enumerate(s["retrains"][-12:], start=max(1, len(s["retrains"]) - 11)):
+        f1 = r.f1_text() if r.f1 is not None else f"- ({r.reason})"
+        curve.add_row(str(i), f"{r.at_s:.0f}s", str(r.accepted), f1, _levels(r), "yes" if r.promoted else "no")
     return Group(head, figures, curve if s["retrains"] else Text("retrains: none yet", style="dim"))
 
 
@@ -152,18 +155,27 @@ class LoopView:
             self.out.flush()
 
 
+def _levels(r: Retrain) -> str:
+    """The test F1 per level, compactly: ``L1 .91 L2 .84 ...``."""
+    return " ".join(f"{level} {f1:.2f}".replace("0.", ".") for level, (f1, _lo, _hi) in r.by_level.items())
+
+
 def curve_lines(retrains: list[Retrain]) -> list[str]:
-    """The learning curve as a terminal table: one row per retrain."""
-    lines = ["  retrain   at (s)   accepted labels   held-out F1   promoted"]
+    """The learning curve as a terminal table: one row per retrain, test F1 with its 95 % interval."""
+    lines = ["  retrain   at (s)   accepted labels   test F1 [95 % CI]       promoted   test F1 by level"]
     for i, r in enumerate(retrains, start=1):
-        f1 = f"{r.f1:11.3f}" if r.f1 is not None else f"{'-':>11}"
-        lines.append(f"  {i:7d} {r.at_s:8.0f} {r.accepted:17d} {f1}   {'yes' if r.promoted else 'no'}")
+        f1 = r.f1_text() if r.f1 is not None else "-"
+        lines.append(
+            f"  {i:7d} {r.at_s:8.0f} {r.accepted:17d}   {f1:<22}  {'yes' if r.promoted else 'no':<9}  {_levels(r)}"
+        )
     return lines
 
 
 def curve_png(retrains: list[Retrain], path: Path) -> Path | None:
-    """The learning curve (held-out F1 against accepted labels and time) as a PNG; None without matplotlib."""
-    points = [(r.accepted, r.f1, r.at_s) for r in retrains if r.f1 is not None]
+    """The learning curve as a PNG (None without matplotlib): test F1 with its 95 % interval as a band,
+    against accepted labels (with the F1 per level as thin lines) and against minutes; promoted models
+    filled. No per-point labels: they overlapped once retrains came every half minute."""
+    points = [r for r in retrains if r.f1 is not None]
     if not points:
         return None
     try:
@@ -173,16 +185,51 @@ def curve_png(retrains: list[Retrain], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-    for labels, f1, at in points:
-        ax.annotate(f"{at / 60:.1f} min", (labels, f1), textcoords="offset points", xytext=(4, -10), fontsize=7)
-    ax.set_xlabel("accepted labels trained on")
-    ax.set_ylabel("held-out F1")
-    ax.set_ylim(0, 1)
-    ax.set_title("the loop learning: each retrain's ensemble PRM")
+    fig, (by_labels, by_time) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    banded = [r for r in points if r.f1_lo is not None and r.f1_hi is not None]
+    for ax, x_of, label in (
+        (by_labels, lambda r: r.accepted, "accepted labels trained on"),
+        (by_time, lambda r: r.at_s / 60.0, "minutes into the run"),
+    ):
+        if banded:
+            ax.fill_between(
+                [x_of(r) for r in banded],
+                [r.f1_lo for r in banded],
+                [r.f1_hi for r in banded],
+                alpha=0.25,
+                color="tab:blue",
+                linewidth=0,
+                label="95 % interval",
+            )
+        ax.plot([x_of(r) for r in points], [r.f1 for r in points], color="tab:blue", linewidth=1.5, label="test F1")
+        promoted = [r for r in points if r.promoted]
+        ax.scatter(
+            [x_of(r) for r in promoted], [r.f1 for r in promoted], color="tab:blue", s=14, zorder=3, label="promoted"
+        )
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    levels = sorted({level for r in points for level in r.by_level})
+    palette = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:gray")
+    for index, level in enumerate(levels):
+        shown = [r for r in points if level in r.by_level]
+        by_labels.plot(
+            [r.accepted for r in shown],
+            [r.by_level[level][0] for r in shown],
+            linewidth=0.8,
+            linestyle="--",
+            color=palette[index % len(palette)],
+            label=f"{level} test F1",
+        )
+    if len(points) > 1 and points[-1].accepted > 8 * max(points[0].accepted, 1):
+        by_labels.set_xscale("log")
+    by_labels.set_ylabel("test F1")
+    by_labels.set_ylim(0, 1)
+    by_labels.legend(fontsize=6, ncol=2, loc="lower right")
+    fig.suptitle(
+        "the loop learning: each retrain's ensemble PRM on the test set (nothing trains or promotes on it)", fontsize=9
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

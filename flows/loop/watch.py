@@ -105,6 +105,8 @@ class WatchTotals:
     overlap_buckets: int = 0
     bucket: int = -1
     bucket_stages: set[str] = field(default_factory=set)
+    #: accepted labels per 10-minute window and curriculum level (``L1`` ...; ``other`` off the curriculum)
+    accepted_levels: list[Counter[str]] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:
@@ -129,11 +131,14 @@ class WatchTotals:
             self.bucket, self.bucket_stages = bucket, set()
         self.bucket_stages.add(stage)
 
-    def add_accepted(self, at: float) -> None:
+    def add_accepted(self, at: float, question_id: str = "") -> None:
         window = int(at // RECENT_S)
         while len(self.accepted_windows) <= window:
             self.accepted_windows.append(0)
         self.accepted_windows[window] += 1
+        while len(self.accepted_levels) <= window:
+            self.accepted_levels.append(Counter())
+        self.accepted_levels[window][level_of(question_id)] += 1
         self.recent_accepted.append(at)
         if self.recent_accepted[0] < at - RECENT_S:
             self.recent_accepted = [t for t in self.recent_accepted if t >= at - RECENT_S]
@@ -153,6 +158,7 @@ class WatchTotals:
             self.overlap_buckets,
             self.bucket,
             set(self.bucket_stages),
+            [Counter(c) for c in self.accepted_levels],
         )
 
 
@@ -243,13 +249,21 @@ class EventWatch:
                     t.rollout_tokens += int(p.cost.generated_tokens)
                     t.labels_by_method[p.method] += 1
                 elif isinstance(p, LabelsAccepted):
-                    t.add_accepted(now)
+                    t.add_accepted(now, p.question_id)
                     t.accepted_errors += p.first_error_step is not None
                 elif isinstance(p, LabelsRejected):
                     kind = _reason_kind(p.reason)
                     if kind not in t.reject_reasons and len(t.reject_reasons) >= MAX_REASONS:
                         kind = "other"
                     t.reject_reasons[kind] += 1
+
+
+def level_of(question_id: str) -> str:
+    """``L3`` for a curriculum question id (``arith/L3/<seed>/<index>``), else ``other``."""
+    parts = question_id.split("/")
+    if len(parts) == 4 and parts[1][:1] == "L" and parts[1][1:].isdigit():
+        return parts[1]
+    return "other"
 
 
 def _reason_kind(reason: str | None) -> str:

@@ -33,13 +33,17 @@ FROM cost_ledger GROUP BY 1
 """
 
 
-#: The loop's learning curve: each registered ensemble PRM (one per retrain round) with its held-out
-#: F1, the labels it trained on, and what the loop had spent and skipped by the time it was registered.
+#: The loop's learning curve: each registered ensemble PRM (one per retrain round) with its validation
+#: F1 (``heldout_f1``, what promotion used), its test F1 with the bootstrap 95 % interval, the labels it
+#: trained on, and what the loop had spent and skipped by the time it was registered.
 _LEARNING = """
 SELECT m.model_id,
        m.registered_at,
        m.train_examples,
        TRY_CAST(m.metrics->>'heldout_f1' AS DOUBLE) AS heldout_f1,
+       TRY_CAST(m.metrics->>'test_f1' AS DOUBLE) AS test_f1,
+       TRY_CAST(m.metrics->>'test_f1_lo' AS DOUBLE) AS test_f1_lo,
+       TRY_CAST(m.metrics->>'test_f1_hi' AS DOUBLE) AS test_f1_hi,
        m.promoted,
        (SELECT coalesce(sum(completion_tokens), 0) FROM solutions s WHERE s.sampled_at <= m.registered_at)
          + (SELECT coalesce(sum(generated_tokens), 0) FROM cost_ledger c WHERE c.occurred_at <= m.registered_at)
@@ -145,12 +149,17 @@ def loop_metrics(db: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any
                 "registered_at": str(at),
                 "train_solutions": int(n or 0),
                 "heldout_f1": f1,
+                "test_f1": test,
+                "test_f1_lo": lo,
+                "test_f1_hi": hi,
                 "promoted": bool(promoted),
                 "generated_tokens": int(tokens),
                 "accepted_labels": int(accepted),
                 "skipped": int(skipped),
             }
-            for i, (model, at, n, f1, promoted, tokens, accepted, skipped) in enumerate(_rows(con, _LEARNING))
+            for i, (model, at, n, f1, test, lo, hi, promoted, tokens, accepted, skipped) in enumerate(
+                _rows(con, _LEARNING)
+            )
         ]
         # The latest calibration whose signature verifies; later ones that do not are named.
         fitted = _rows(

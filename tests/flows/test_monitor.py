@@ -61,7 +61,15 @@ def test_the_learning_curve_is_published_inside_the_monitor_flow_run(tmp_path: P
     store.write_batch(events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, 40)])
     png = tmp_path / "curve.png"
     png.write_bytes(b"\x89PNG\r\n\x1a\n not a whole picture, enough for its bytes")
-    figures = {"accepted_labels": 4817, "accepted_per_minute": 2.5, "f1_curve": [[60.0, 0.4], [150.0, 0.75]]}
+    figures = {
+        "accepted_labels": 4817,
+        "accepted_per_minute": 2.5,
+        "f1_curve": [[60.0, 0.4], [150.0, 0.75]],
+        "test_curve": [
+            {"at_s": 60.0, "labels": 10, "f1": 0.4, "lo": 0.35, "hi": 0.45},
+            {"at_s": 150.0, "labels": 30, "f1": 0.75, "lo": 0.7, "hi": 0.8},
+        ],
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         monitor(str(store.path), curve=str(png), figures=figures)
@@ -75,4 +83,4 @@ def test_the_learning_curve_is_published_inside_the_monitor_flow_run(tmp_path: P
         found = [a for a in listed if "accepted labels: 4817 (2.5 per minute)" in str(a.data)]
         time.sleep(0.5)
     assert len(found) == 1 and found[0].flow_run_id is not None
-    assert "0.750 at 2.5 min" in str(found[0].data)
+    assert "0.750 [0.700, 0.800] at 30 labels (2.5 min)" in str(found[0].data)

@@ -102,8 +102,9 @@ def warm_features(
 
 def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | None = None) -> dict[str, Any]:
     """An ensemble trained on the curriculum checker's exact labels of the arm's accepted solutions (the
-    ones the checker decides), scored on the same held-out set: what the loop's labels could have been."""
-    from prmloop.flows.retrain_ensemble import eval_items
+    ones the checker decides), scored on the test set (with its 95 % interval; the validation F1 beside it):
+    what the loop's labels could have been."""
+    from prmloop.flows.retrain_ensemble import eval_items, score_on_test
     from prmloop.models.arith.checker import check_steps
     from prmloop.models.arith.verifier import chain_of
     from prmloop.models.prm.data import PRMExample
@@ -133,9 +134,12 @@ def exact_label_f1(db: Path, eval_set: str, eval_questions: int, threads: int | 
     features = dict(
         zip([i.key for i in held], prm.features([i.problem for i in held], [list(i.steps) for i in held]), strict=True)
     )
+    test = score_on_test(prm, threads=threads)["test"]["all"]
     return {
         "solutions": len(examples),
-        "f1": round(held_out_f1(prm, held, features), 4),
+        "f1": test["f1"],
+        "f1_interval": [test["lo"], test["hi"]],
+        "validation_f1": round(held_out_f1(prm, held, features), 4),
         "agreement": round(agree / len(examples), 3),
     }
 
@@ -275,6 +279,8 @@ def bench_loop_real(
                         )
                     os.environ["PRMLOOP_HOME"] = str(home)
                     result["final_f1"] = result["f1_curve"][-1][1] if result["f1_curve"] else None
+                    last = result["test_curve"][-1] if result.get("test_curve") else None
+                    result["final_f1_interval"] = [last["lo"], last["hi"]] if last else None
                     result["exact_labels"] = exact_label_f1(StateSettings().db_path, "arith", 8, threads)
                     quality = label_quality(StateSettings().db_path)
                     result["acceptance_rate"] = quality["acceptance_rate"]

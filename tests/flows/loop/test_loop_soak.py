@@ -75,6 +75,13 @@ def test_the_loop_retrains_as_labels_arrive_with_its_stages_running_at_once(
     assert trained_on[0] >= 2 and trained_on == sorted(trained_on), result["retrains"]
     assert isinstance(result["accepted_labels"], int) and result["accepted_labels"] >= 3, result
     assert result["errors"] == [], result
+    # every point is on the shipped test set, with its interval and per level
+    tested = result["test_curve"]
+    assert isinstance(tested, list) and len(tested) == len(curve), result
+    for point in tested:
+        assert point["lo"] <= point["f1"] <= point["hi"], point
+        assert set(point["by_level"]) <= {"L1", "L2", "L3", "L4", "L5"} and point["by_level"], point
+    assert result["per_10_min"] and "accepted_by_level" in result["per_10_min"][0], result  # type: ignore[index]
 
 
 def test_the_stages_ran_at_once(streamed: tuple[Path, dict[str, object], str]) -> None:
@@ -126,4 +133,4 @@ def test_the_ui_of_the_running_loop_shows_its_retrains_deployments_and_learning_
         assert "loop-learning-curve" in artifacts, artifacts[:2000]
         curve = latest_artifact_ids(ui + "/api", ("loop-learning-curve",))
         page = page_text(f"{ui}/artifacts/artifact/{curve['loop-learning-curve']}")
-        assert "held-out F1 per retrain" in page, page[:2000]
+        assert "test F1 [95 % CI] per retrain" in page, page[:2000]

@@ -91,28 +91,52 @@ def test_overlap_is_the_share_of_active_time_in_which_every_stage_produced() -> 
     assert overlap({}) == 0.0
 
 
-def test_the_curve_is_a_table_and_a_picture(tmp_path: Path) -> None:
+def test_the_curve_is_a_table_and_a_picture_with_intervals_and_levels(tmp_path: Path) -> None:
     retrains = [
-        Retrain(50.0, 8, 0.25, True, "m1", 5.0),
+        Retrain(50.0, 8, 0.25, True, "m1", 5.0, f1_lo=0.2, f1_hi=0.3, by_level={"L1": (0.4, 0.3, 0.5)}),
         Retrain(120.0, 20, None, False, None, 1.0, reason="0 training solutions"),
-        Retrain(200.0, 31, 0.5, True, "m2", 6.0),
+        Retrain(200.0, 31, 0.5, True, "m2", 6.0, f1_lo=0.45, f1_hi=0.55, by_level={"L1": (0.6, 0.5, 0.7)}),
     ]
     lines = curve_lines(retrains)
-    assert len(lines) == 4 and "0.250" in lines[1] and "0.500" in lines[3] and " - " in lines[2]
+    assert len(lines) == 4 and "0.250 [0.200, 0.300]" in lines[1] and "0.500 [0.450, 0.550]" in lines[3]
+    assert " - " in lines[2] and "L1 .60" in lines[3]
     png = curve_png(retrains, tmp_path / "curve.png")
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert curve_png(retrains[1:2], tmp_path / "none.png") is None
 
 
+def test_a_retrains_point_is_its_test_f1_with_interval_and_levels() -> None:
+    from prmloop.flows.loop.settings import retrain_of
+    from prmloop.flows.retrain_ensemble import test_metrics
+
+    metrics = {
+        "heldout_f1": 0.9,
+        **test_metrics(
+            {
+                "all": {"f1": 0.7, "lo": 0.65, "hi": 0.75, "n": 1600},
+                "L1": {"f1": 0.8, "lo": 0.7, "hi": 0.9, "n": 400},
+                "L5": {"f1": None, "lo": None, "hi": None, "n": 100},
+            }
+        ),
+    }
+    assert metrics["test_f1"] == 0.7 and metrics["test_solutions"] == 1600.0 and "test_f1_L5" not in metrics
+    point = retrain_of(metrics, at_s=10.0, accepted=5, promoted=True, model_id="m", wall_s=1.0, tokens=99)
+    assert (point.f1, point.f1_lo, point.f1_hi, point.val_f1) == (0.7, 0.65, 0.75, 0.9)
+    assert point.by_level == {"L1": (0.8, 0.7, 0.9)} and point.f1_text() == "0.700 [0.650, 0.750]"
+    old = retrain_of({"heldout_f1": 0.5}, at_s=1.0, accepted=1, promoted=False, model_id=None, wall_s=1.0, tokens=0)
+    assert old.f1 == 0.5 and old.f1_lo is None and old.f1_text() == "0.500"  # a store from before the test set
+
+
 def test_without_a_terminal_the_view_prints_a_line_every_half_minute(tmp_path: Path) -> None:
     loop = Loop(LoopSettings(minutes=1), home=tmp_path)
-    loop.status.retrains.append(Retrain(30.0, 9, 0.4, True, "m", 2.0))
+    loop.status.retrains.append(Retrain(30.0, 9, 0.4, True, "m", 2.0, f1_lo=0.35, f1_hi=0.45))
     out = io.StringIO()
     with LoopView(loop, out, live=False, every_s=30.0) as view:
         view.tick()
         view.tick()  # within the half minute: nothing more
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and all("accepted 0" in line and "F1 per retrain: 0.400" in line for line in lines)
+    shown = "test F1 [95 % CI] per retrain: 0.400 [0.350, 0.450]"
+    assert len(lines) == 2 and all("accepted 0" in line and shown in line for line in lines)
     assert progress_line(snapshot(loop)).startswith("[")
 
 
