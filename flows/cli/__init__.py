@@ -3,7 +3,7 @@
 ``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (prioritize, sample, score, annotate,
 judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments),
 ``prm`` (dataset, train, retrain, models), ``loop`` (run: the loop as a stream), ``credentials`` (kafka,
-prefect, engine), ``bench`` and
+prefect, engine), ``testset`` (build, show, score), ``bench`` and
 ``evals``. :func:`main` is the console entry point.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from prmloop.flows.cli import bench, credentials, evals, loop, pipeline, prm, stack, store
+from prmloop.flows.cli import bench, credentials, evals, loop, pipeline, prm, stack, store, testset
 from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.auth.credentials import CredentialsError
@@ -33,6 +33,7 @@ _COMMAND_GROUPS = (
     prm,
     stack,
     store,
+    testset,
 )  # imported for the commands they register
 
 

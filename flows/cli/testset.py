@@ -1,0 +1,105 @@
+"""``prmloop testset``: the test set every figure is scored on (build, show, score a PRM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from prmloop.flows.cli.app import app, err
+
+testset_app = typer.Typer(
+    help="The test set nothing trains or promotes on: build it, show its manifest, score a PRM on it.",
+    no_args_is_help=True,
+)
+app.add_typer(testset_app, name="testset")
+
+
+def _say(line: str) -> None:
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@testset_app.command("build")
+def build(
+    *,
+    out: Annotated[
+        Path | None, typer.Option(help="folder to write into (default: the shipped folder, flows/pools/testsets)")
+    ] = None,
+    questions: Annotated[int, typer.Option(min=1, help="curriculum questions per level (4 solutions each)")] = 100,
+    seed: Annotated[int, typer.Option(help="curriculum seed (reserved: no loop or validation set samples it)")] = 2000,
+    levels: Annotated[str, typer.Option(help="curriculum levels, e.g. 1,2,3,4,5")] = "1,2,3,4,5",
+    engine: Annotated[
+        str, typer.Option(help="auto (vLLM where it runs, else transformers), vllm, transformers")
+    ] = "auto",
+    threads: Annotated[int | None, typer.Option(help="CPU threads of an in-process engine and the features")] = None,
+    features: Annotated[bool, typer.Option(help="also compute the backbone's step features of every solution")] = True,
+) -> None:
+    """Sample the embedded model's solutions to the reserved seed's questions, keep what the checker
+    decides, and write the data file and its manifest (says what it costs first; resumes); then the
+    backbone's step features of each solution, so that scoring on the set costs no forward pass.
+    The validation set promotion uses is built the same way: `--seed 1000 --questions 20`."""
+    from prmloop.flows.pools.testset import SHIPPED_DIR, build_testset, write_features
+
+    try:
+        chosen = tuple(int(v) for v in levels.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"--levels takes numbers like 1,2,3,4,5, not {levels!r}") from None
+    if not chosen or any(level not in range(1, 6) for level in chosen):
+        raise typer.BadParameter(f"--levels: curriculum levels are 1-5, not {levels!r}")
+    manifest = build_testset(
+        out or SHIPPED_DIR,
+        questions=questions,
+        seed=seed,
+        levels=chosen,
+        engine=engine,
+        threads=threads,
+        say=_say,
+    )
+    if features:
+        manifest["features"] = write_features(out or SHIPPED_DIR, seed=seed, threads=threads, say=_say)
+    typer.echo(json.dumps(manifest))
+
+
+@testset_app.command("show")
+def show(
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="the test set's folder (default: the shipped one)")
+    ] = None,
+) -> None:
+    """The test set's manifest (generator and digest, sampling, checker, counts per level) as JSON."""
+    from prmloop.flows.pools.testset import SHIPPED_DIR, load_testset
+
+    manifest, items = load_testset(directory or SHIPPED_DIR)
+    typer.echo(json.dumps({**manifest, "loaded": len(items)}))
+
+
+@testset_app.command("score")
+def score(
+    prm: Annotated[
+        Path | None, typer.Option(help="an ensemble PRM's folder (default: the one in force in the store)")
+    ] = None,
+    db: Annotated[str | None, typer.Option(help="the store whose PRM in force is scored")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the backbone's features")] = None,
+) -> None:
+    """Score an ensemble PRM on the test set: F1 with its bootstrap 95 % interval, over all and per level."""
+    from prmloop.flows.retrain_ensemble import score_on_test
+    from prmloop.models.prm.ensemble_prm import EnsemblePRM
+
+    if prm is None:
+        from prmloop.flows.cli.app import db_path
+        from prmloop.store.tables.registry import current_model
+
+        model = current_model(str(db_path(db)), kind="prm_ensemble")
+        if model is None:
+            raise ValueError("no ensemble PRM is in force in the store: pass --prm <folder>, or run the loop first")
+        prm = Path(model["artifact_uri"])
+    if not (prm / "prm.json").is_file():
+        raise FileNotFoundError(
+            f"--prm {prm}: no ensemble PRM there (no prm.json): pass a folder `prmloop models list` names"
+        )
+    from prmloop.store.settings import StateSettings
+
+    model_obj = EnsemblePRM.load(prm, cache_dir=StateSettings().features_dir, threads=threads)
+    typer.echo(json.dumps({"prm": str(prm), **score_on_test(model_obj, threads=threads, say=_say)}))
