@@ -1,0 +1,118 @@
+"""``bench learn``'s reading of a loop's store: which solutions the loop labelled, what the checker says
+of them, and where the labels fell (a real DuckDB store of hand-made events)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from prmloop.consumers.sink import events_to_arrow
+from prmloop.flows.lab.bench.learn import budgets_for, label_spread, read_loop_store
+from prmloop.models.arith import generate_question
+from prmloop.models.arith.corrupt import corrupted_solution
+from prmloop.producers.arith import arith_question
+from prmloop.producers.events import solution_sampled
+from prmloop.store.events import LabelsAccepted, LabelsRejected, ModelRef, make_event
+from prmloop.store.kafka.records import ConsumedEvent
+from prmloop.store.tables.duck import DuckEventStore
+
+GENERATOR = ModelRef(backend="transformers", name="SmolLM2-135M-Instruct")
+
+
+def _store(tmp_path: Path) -> Path:
+    """Two level-1 and one level-2 question; per question a right and a corrupted solution. The loop
+    accepts the right one of q0 (no error), the wrong one of q0 with the wrong first error (off by one),
+    the wrong one of q1 right, rejects the right one of q1, and never decides question 3's."""
+    rng = random.Random(3)
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    events = []
+    truth: dict[str, int] = {}
+    plan: list[tuple[int, int, str]] = [(1, 0, "right"), (1, 0, "wrong"), (1, 1, "right"), (1, 1, "wrong")]
+    plan += [(2, 0, "right"), (2, 0, "wrong")]
+    for n, (level, index, tag) in enumerate(plan):
+        generated = generate_question(level, 77, index)
+        question = arith_question(generated)
+        if tag == "right":
+            steps, first, correct = list(generated.reference_steps), -1, True
+        else:
+            wrong = corrupted_solution(generated, rng)
+            assert wrong is not None
+            steps, first, correct = list(wrong[0]), wrong[1], False
+        sid = f"{question.id}/{tag}"
+        truth[sid] = first
+        events.append(
+            solution_sampled(
+                question,
+                solution_id=sid,
+                generator=GENERATOR,
+                prompt_format="step_k_arith",
+                text="\n".join(steps),
+                steps=steps,
+                correct=correct,
+                final_answer=None,
+                identity=(sid,),
+                producer="test/0",
+                completion_tokens=10,
+            ).model_copy(update={"occurred_at": t0 + timedelta(seconds=n)})
+        )
+    decisions = [
+        (f"{arith_question(generate_question(1, 77, 0)).id}/right", "accept", None),
+        (f"{arith_question(generate_question(1, 77, 0)).id}/wrong", "accept", "off"),
+        (f"{arith_question(generate_question(1, 77, 1)).id}/wrong", "accept", "exact"),
+        (f"{arith_question(generate_question(1, 77, 1)).id}/right", "reject", None),
+    ]
+    for n, (sid, what, how) in enumerate(decisions):
+        qid = sid.rsplit("/", 1)[0]
+        first = None if how is None else truth[sid] + (1 if how == "off" else 0)
+        labels = (True,) * 3 if first is None else tuple(i < first for i in range(first + 1))
+        kind = LabelsAccepted if what == "accept" else LabelsRejected
+        extra = {} if what == "accept" else {"reason": "disagree"}
+        payload = kind(
+            solution_id=sid,
+            question_id=qid,
+            labels=labels,
+            first_error_step=first,
+            source_event_ids=(events[0].event_id,),
+            rule="test",
+            **extra,
+        )
+        events.append(make_event(payload, producer="test/0", occurred_at=t0 + timedelta(seconds=100 + n)))
+    store = DuckEventStore(tmp_path / "loop.duckdb")
+    store.write_batch(
+        events_to_arrow([ConsumedEvent(e, "t", 0, i, 0) for i, e in enumerate(events)]), [("t", 0, len(events))]
+    )
+    return tmp_path / "loop.duckdb"
+
+
+def test_the_store_gives_every_sampled_solution_with_its_loop_and_exact_labels(tmp_path: Path) -> None:
+    rows = {
+        r.solution_id.rsplit("/", 1)[1] + r.question_id.split("/")[1] + r.question_id[-1]: r
+        for r in read_loop_store(_store(tmp_path))
+    }
+    assert len(rows) == 6
+    right0, wrong0 = rows["rightL10"], rows["wrongL10"]
+    assert right0.accepted_first_error == -1 and right0.exact_first_error == -1
+    assert wrong0.exact_first_error is not None and wrong0.accepted_first_error == wrong0.exact_first_error + 1
+    assert rows["wrongL11"].accepted_first_error == rows["wrongL11"].exact_first_error
+    assert rows["rightL11"].rejected and rows["rightL11"].accepted_first_error is None
+    assert rows["rightL20"].accepted_first_error is None and not rows["rightL20"].rejected
+    # tokens: the loop had sampled all six solutions (10 tokens each) before its first decision
+    assert right0.tokens_by_then == 60
+
+
+def test_the_spread_counts_levels_positions_and_agreement(tmp_path: Path) -> None:
+    spread = label_spread(read_loop_store(_store(tmp_path)))
+    assert spread["sampled"] == 6 and spread["accepted"] == 3 and spread["rejected"] == 1 and spread["unlabelled"] == 2
+    assert spread["accepted_by_level"] == {"L1": 3} and spread["sampled_by_level"] == {"L1": 4, "L2": 2}
+    assert spread["accepted_questions"] == 2 and spread["sampled_questions"] == 3
+    assert spread["accepted_agree_with_exact"] == round(2 / 3, 4)  # the off-by-one label disagrees
+    assert spread["accepted_first_error_position"]["none"] == 1
+    assert spread["rejected_exact_with_error_share"] == 0.0  # the rejected one was right
+
+
+def test_budgets_double_and_end_on_what_was_accepted() -> None:
+    assert budgets_for(100) == [15, 30, 60, 100]
+    assert budgets_for(15) == [15]
+    assert budgets_for(7) == [7]
+    assert budgets_for(0) == []
