@@ -28,10 +28,13 @@ from prmloop.flows.ops.broker import parent_death_signal
 from prmloop.store.tables.duck import locate
 from prmloop.store.tables.lake import LakeStore
 
-__all__ = ["QueryLimits", "in_query_process", "run_in_query_process"]
+__all__ = ["QUERY_NICENESS", "QueryLimits", "in_query_process", "run_in_query_process"]
 
 #: Set in the query process's environment.
 CHILD = "PRMLOOP_SQL_QUERY_PROCESS"
+#: The query process's niceness: it runs on what CPU the sink and the loop leave (a runaway query took
+#: a whole core of two from them).
+QUERY_NICENESS = 10
 #: How long past its time limit a query process may go on before it is ended from here.
 _GRACE_S = 15.0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -156,7 +157,7 @@ def sql(  # noqa: PLR0917 - one parameter per command-line option
     and EXPLAIN (of a read) run; anything else is refused. A query that runs past --max-seconds or
     needs more than --max-memory is stopped, in one line naming the limit (exit code 2). Reads --db,
     else PRMLOOP_STORE, else the DuckLake of the cluster `up --cluster` runs here, else the DuckDB file."""
-    from prmloop.flows.cli.sql_process import QueryLimits, in_query_process, run_in_query_process
+    from prmloop.flows.cli.sql_process import QUERY_NICENESS, QueryLimits, in_query_process, run_in_query_process
     from prmloop.flows.ops.cluster import cluster_connection
     from prmloop.store.tables.duck import query as run_query
 
@@ -166,6 +167,8 @@ def sql(  # noqa: PLR0917 - one parameter per command-line option
         # The query runs in a process of its own: no statement can crash this one (ducklake_set_option
         # did, with SIGSEGV, leaving its pid among the catalog's holders).
         raise typer.Exit(run_in_query_process(store, query, fmt=fmt.value, timeout=timeout, limits=limits))
+    # Below the loop's priority: a query uses the cores the sink and the services leave idle.
+    os.nice(QUERY_NICENESS)
     result = run_query(
         store, query, timeout_s=timeout, sandboxed=True, max_seconds=limits.max_seconds, max_memory=limits.max_memory
     )

@@ -10,6 +10,7 @@ snapshot may run for minutes while the sink goes on storing (issue 54: a long qu
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -201,8 +202,9 @@ def open_writer(location: StoreLocation) -> EventStore:
     return DuckEventStore(where)
 
 
-#: Seconds between two read snapshots at least (store/tables/published.py); longer for a large file.
-PUBLISH_EVERY_S = 0.5
+#: Seconds between two read snapshots at least (store/tables/published.py; longer for a large file),
+#: ``PRMLOOP_PUBLISH_EVERY_S`` in the writer's environment.
+PUBLISH_EVERY_S = float(os.environ.get("PRMLOOP_PUBLISH_EVERY_S", "0.5"))
 #: How long the writer waits for the file's lock to publish (someone else's read-only connection):
 #: then it tries again later, and readers copy the file themselves.
 _PUBLISH_LOCK_TIMEOUT_S = 5.0
