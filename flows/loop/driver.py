@@ -39,15 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.loop.report import LoopReport
-from prmloop.flows.loop.settings import (
-    LoopError,
-    LoopSettings,
-    LoopStatus,
-    QuestionStream,
-    Retrain,
-    retrain_of,
-    sampled_indices,
-)
+from prmloop.flows.loop.settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
 from prmloop.flows.loop.watch import (
     CommittedOffsets,
     EngineMeter,
@@ -330,6 +322,7 @@ class Loop(LoopReport):
             self._background("retrain", lambda: self._retrain(accepted))
 
     def _retrain(self, accepted: int) -> None:
+        from prmloop.flows.loop.settings import retrain_of
         from prmloop.flows.retrain import run_retrain
         from prmloop.models.prm.model import PRMConfig
 
@@ -360,20 +353,7 @@ class Loop(LoopReport):
             self.status.retrains.append(Retrain(at, accepted, None, False, None, wall, reason, tokens))
             return
         self._trained_snapshot = str(summary["snapshot"])
-        metrics = summary["metrics"]
-        trained_on = int(metrics.get("train_solutions", accepted))
-        promoted = bool(summary["promoted"])
-        self.status.retrains.append(
-            retrain_of(
-                metrics,
-                at_s=at + wall,
-                accepted=trained_on,
-                promoted=promoted,
-                model_id=summary["model_id"],
-                wall_s=wall,
-                tokens=tokens,
-            )
-        )
+        self.status.retrains.append(retrain_of(summary, at_s=at + wall, accepted=accepted, wall_s=wall, tokens=tokens))
         if summary["promoted"]:
             self.status.prm = summary["artifact"]
         self.publish_progress()

@@ -231,18 +231,11 @@ class LoopStatus:
         return time.monotonic() - self.started
 
 
-def retrain_of(
-    metrics: dict[str, Any],
-    *,
-    at_s: float,
-    accepted: int,
-    promoted: bool,
-    model_id: str | None,
-    wall_s: float,
-    tokens: int,
-) -> Retrain:
-    """A retrain's point on the curve from its ``ModelRegistered`` metrics: the test F1 with its interval
-    and per level (the validation F1 where a store predates the test set)."""
+def retrain_of(summary: dict[str, Any], *, at_s: float, accepted: int, wall_s: float, tokens: int) -> Retrain:
+    """A trained retrain's point on the curve from its summary (``metrics``, ``promoted``, ``model_id``):
+    the test F1 with its interval and per level (the validation F1 where a store predates the test set);
+    ``accepted`` counts only where the metrics do not say how many solutions it trained on."""
+    metrics = summary["metrics"]
     test = metrics.get("test_f1")
     val = metrics.get("heldout_f1")
     levels = {
@@ -252,10 +245,10 @@ def retrain_of(
     }
     return Retrain(
         at_s,
-        accepted,
+        int(metrics.get("train_solutions", accepted)),
         float(test if test is not None else (val or 0.0)),
-        promoted,
-        model_id,
+        bool(summary["promoted"]),
+        summary.get("model_id"),
         wall_s,
         None,
         tokens,

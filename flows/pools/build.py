@@ -33,7 +33,7 @@ from typing import Any
 
 from prmloop.models.prm.pool_items import PoolItem, split_pool
 
-__all__ = ["ARITH_LEVELS", "POOLS", "PoolWork", "build_pool"]
+__all__ = ["ARITH_LEVELS", "POOLS", "PoolWork", "build_pool", "sample_arith"]
 
 POOLS = ("processbench", "arith", "arith-mc")
 
@@ -116,7 +116,7 @@ def tokens_per_solution(rows: list[dict[str, Any]], levels: tuple[int, ...] = ()
     return sum(r["tokens"] for r in rows) / len(rows) if rows else TOKENS_PER_SOLUTION
 
 
-def _sample_arith(
+def sample_arith(
     root: Path, questions: int, *, sampling: dict[str, Any], work: PoolWork, say: Say
 ) -> list[dict[str, Any]]:
     """Sampled curriculum solutions (``questions`` per level), sampling only what the cache lacks."""
@@ -211,7 +211,7 @@ def decided(row: dict[str, Any]) -> int | None:
 
 def _arith(root: Path, questions: int, *, sampling: dict[str, Any], work: PoolWork, say: Say) -> list[PoolItem]:
     items = []
-    for row in _sample_arith(root, questions, sampling=sampling, work=work, say=say):
+    for row in sample_arith(root, questions, sampling=sampling, work=work, say=say):
         truth = decided(row)
         if truth is None:
             continue
@@ -355,6 +355,11 @@ class PoolWork:
 
             self._sampler = Sampler(self.engine, self.threads, self.say)
         return self._sampler
+
+    @property
+    def used(self) -> str:
+        """The engine that sampled (``vllm`` or ``transformers``), ``cached`` where none was started."""
+        return str(self._sampler.kind) if self._sampler is not None else "cached"
 
     def close(self) -> None:
         if self._sampler is not None:

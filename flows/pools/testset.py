@@ -95,7 +95,7 @@ def build_testset(
 ) -> dict[str, Any]:
     """Sample the test set on ``engine`` (what the cache under ``cache`` lacks), keep what the checker
     decides, write ``<stem>.jsonl.gz`` and ``<stem>.manifest.json`` into ``out_dir``; the manifest."""
-    from prmloop.flows.pools.build import ARITH_SAMPLING, PoolWork, _sample_arith, decided
+    from prmloop.flows.pools.build import ARITH_SAMPLING, PoolWork, decided, sample_arith
     from prmloop.models.prm.features import backbone_digest
     from prmloop.store.settings import StateSettings
 
@@ -105,8 +105,8 @@ def build_testset(
     started = time.monotonic()
     work = PoolWork(engine, threads, say)
     try:
-        rows = _sample_arith(cache, questions, sampling=sampling, work=work, say=say)
-        engine_used = work._sampler.kind if work._sampler is not None else "cached"
+        rows = sample_arith(cache, questions, sampling=sampling, work=work, say=say)
+        engine_used = work.used
     finally:
         work.close()
     kept: list[dict[str, Any]] = []

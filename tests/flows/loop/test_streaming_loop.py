@@ -120,10 +120,12 @@ def test_a_retrains_point_is_its_test_f1_with_interval_and_levels() -> None:
         ),
     }
     assert metrics["test_f1"] == 0.7 and metrics["test_solutions"] == 1600.0 and "test_f1_L5" not in metrics
-    point = retrain_of(metrics, at_s=10.0, accepted=5, promoted=True, model_id="m", wall_s=1.0, tokens=99)
+    summary = {"metrics": metrics, "promoted": True, "model_id": "m"}
+    point = retrain_of(summary, at_s=10.0, accepted=5, wall_s=1.0, tokens=99)
     assert (point.f1, point.f1_lo, point.f1_hi, point.val_f1) == (0.7, 0.65, 0.75, 0.9)
     assert point.by_level == {"L1": (0.8, 0.7, 0.9)} and point.f1_text() == "0.700 [0.650, 0.750]"
-    old = retrain_of({"heldout_f1": 0.5}, at_s=1.0, accepted=1, promoted=False, model_id=None, wall_s=1.0, tokens=0)
+    before = {"metrics": {"heldout_f1": 0.5}, "promoted": False, "model_id": None}
+    old = retrain_of(before, at_s=1.0, accepted=1, wall_s=1.0, tokens=0)
     assert old.f1 == 0.5 and old.f1_lo is None and old.f1_text() == "0.500"  # a store from before the test set
 
 

@@ -80,9 +80,7 @@ def test_a_small_difference_on_few_questions_is_noise() -> None:
     assert not paired.worse
 
 
-solutions = st.lists(
-    st.tuples(st.integers(-1, 4), st.integers(-1, 4), st.integers(0, 6)), min_size=1, max_size=60
-)
+solutions = st.lists(st.tuples(st.integers(-1, 4), st.integers(-1, 4), st.integers(0, 6)), min_size=1, max_size=60)
 
 
 @settings(max_examples=60, deadline=None)
