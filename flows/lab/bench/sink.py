@@ -297,6 +297,7 @@ def _latency_phase(servers: str, db: Path, group_id: str, rate: int, seconds: fl
                     "SELECT CAST(event_id AS VARCHAR) FROM events WHERE ingested_at >= to_timestamp(?)",
                     [watermark],
                     timeout_s=10,
+                    fresh=False,  # polling: the newest published snapshot, without waiting for the next one
                 )
             except StoreLocked:
                 continue
