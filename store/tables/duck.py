@@ -15,15 +15,26 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeAlias
 
 import duckdb
 import pyarrow as pa
 
+from prmloop.store.tables.access import (
+    DEFAULT_MAX_MEMORY,
+    DEFAULT_MAX_SECONDS,
+    READER_CONFIG,
+    QueryError,
+    QueryIOError,
+    QueryLimitExceeded,
+    StoreLocation,
+    connect_retrying,
+    locate,
+    snapshot_connect,
+    store_exists,
+)
 from prmloop.store.tables.lake import (
     CONFLICT_COLUMNS_SQL,
     EVENT_COLUMNS_SQL,
@@ -31,9 +42,6 @@ from prmloop.store.tables.lake import (
     LakeStore,
     drop_stale_conflicts,
     fact_sql,
-    is_lake_spec,
-    open_lake,
-    parse_lake,
 )
 from prmloop.store.tables.published import Freshness as _Freshness
 from prmloop.store.tables.published import (
@@ -43,47 +51,40 @@ from prmloop.store.tables.published import (
     WriterMark,
     current_snapshot,
     publish,
-    reading_copy,
     register_writer,
     unregister_writer,
 )
+from prmloop.store.tables.reads import QueryResult, open_reader, query, store_health
 from prmloop.store.tables.sql_guard import (
-    ReadOnlyViolation,  # noqa: F401 - callers catch it from here
-    check_read_only,
+    ReadOnlyViolation,
 )
 from prmloop.store.tables.writer import ROW_SQL, EventStore, WriteResult, ids_unique, stage_sql
 
-#: Where the store is: a DuckDB file (the default), or a DuckLake (``ducklake:...``, see store/tables/lake.py).
-StoreLocation: TypeAlias = Path | str | LakeStore
-
-
-def store_exists(location: StoreLocation) -> bool:
-    """The DuckDB file exists, or the DuckLake's catalog has been created (by a sink)."""
-    where = locate(location)
-    if not isinstance(where, LakeStore):
-        return where.exists()
-    try:
-        with open_lake(where, read_only=True) as con:
-            found = con.execute(
-                "SELECT count(*) FROM duckdb_views() WHERE database_name = current_database() AND view_name = 'events'"
-            ).fetchone()
-            return bool(found and found[0])
-    except FileNotFoundError:
-        return False
-
-
-def locate(location: StoreLocation) -> Path | LakeStore:
-    """A DuckDB file's path, or the DuckLake a ``ducklake:...`` spec names (data in ``<dir>/data``
-    for ``ducklake:pgserver:<dir>``, else under ``$PRMLOOP_HOME/lake/data``, unless the spec says
-    ``#data=<dir>``; see store/tables/lake_catalog.py)."""
-    if isinstance(location, LakeStore):
-        return location
-    if is_lake_spec(str(location)):
-        from prmloop.store.settings import StateSettings
-
-        return parse_lake(str(location), default_data_path=StateSettings().home / "lake" / "data")
-    return Path(location)
-
+#: What callers import from here: the writer, and (re-exported) the location, the errors and the readers,
+#: which live in store/tables/access.py and store/tables/reads.py.
+__all__ = [
+    "DEFAULT_MAX_MEMORY",
+    "DEFAULT_MAX_SECONDS",
+    "EVENT_SCHEMA",
+    "PUBLISH_EVERY_S",
+    "READER_CONFIG",
+    "SCHEMA_SQL",
+    "DuckEventStore",
+    "QueryError",
+    "QueryIOError",
+    "QueryLimitExceeded",
+    "QueryResult",
+    "ReadOnlyViolation",
+    "StoreLocation",
+    "StoreLocked",
+    "locate",
+    "open_reader",
+    "open_writer",
+    "projection_sql",
+    "query",
+    "store_exists",
+    "store_health",
+]
 
 SCHEMA_SQL = """
 -- No PRIMARY KEY on event_id: DuckDB writes the whole key index again at every checkpoint, and the sink
@@ -107,54 +108,6 @@ CREATE TABLE IF NOT EXISTS sink_offsets (
     PRIMARY KEY (topic, kafka_partition)
 );
 """.format(events=EVENT_COLUMNS_SQL.strip("\n"), conflicts=CONFLICT_COLUMNS_SQL.strip("\n"))
-
-
-class QueryError(ValueError):
-    """A read-only query DuckDB could not run (unknown table, type mismatch, ...): one line."""
-
-
-class QueryLimitExceeded(QueryError):
-    """A query that ran into its time or memory limit and was stopped: one line naming the limit."""
-
-
-#: ``prmloop sql``'s limits unless told otherwise: a query's seconds, and its memory (DuckDB's syntax).
-DEFAULT_MAX_SECONDS = 60.0
-DEFAULT_MAX_MEMORY = "2GB"
-
-
-class QueryIOError(QueryError, OSError):
-    """A query that failed reading the store (a file, the catalog's server): one line, and an
-    ``OSError`` too, so a service retries it as it retries any I/O failure."""
-
-
-def _is_lock_error(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    # "different configuration": this process already holds the file open as the writer (DuckDB
-    # shares one instance per file and process), which is the same situation as another process's lock.
-    return any(m in text for m in ("lock", "conflicting", "another process", "different configuration"))
-
-
-def _connect_retrying(
-    path: Path, *, read_only: bool, timeout_s: float, config: dict[str, Any]
-) -> tuple[duckdb.DuckDBPyConnection, float]:
-    start = time.monotonic()
-    delay = 0.002
-    while True:
-        try:
-            con = duckdb.connect(str(path), read_only=read_only, config=config)
-            return con, time.monotonic() - start
-        except (duckdb.IOException, duckdb.ConnectionException) as exc:
-            if not _is_lock_error(exc):
-                raise
-            waited = time.monotonic() - start
-            if waited >= timeout_s:
-                who = "another writer" if read_only else "a reader or another writer"
-                raise StoreLocked(
-                    f"{path} stayed locked by {who} for {waited:.1f}s; retry, or check that only one "
-                    "`prmloop sink` runs and no long query holds the file"
-                ) from exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
 
 
 def projection_sql() -> str:
@@ -210,11 +163,6 @@ PUBLISH_EVERY_S = float(os.environ.get("PRMLOOP_PUBLISH_EVERY_S", "0.5"))
 _PUBLISH_LOCK_TIMEOUT_S = 5.0
 
 
-def _snapshot_connect(path: Path, *, timeout_s: float) -> tuple[duckdb.DuckDBPyConnection, float]:
-    """The writer's file, opened read-only to hold writers off while it is copied."""
-    return _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
-
-
 class DuckEventStore:
     """The writer side. Only the sink uses it; it holds the file only inside :meth:`write_batch`, and
     publishes the read snapshots readers open (:meth:`publish_if_due`)."""
@@ -242,7 +190,7 @@ class DuckEventStore:
                 publish(
                     self.path,
                     self.mark.generation,
-                    connect=_snapshot_connect,
+                    connect=snapshot_connect,
                     timeout_s=_PUBLISH_LOCK_TIMEOUT_S,
                     stats=self.publish_stats,
                 )
@@ -260,7 +208,7 @@ class DuckEventStore:
             publish(
                 self.path,
                 self.mark.generation,
-                connect=_snapshot_connect,
+                connect=snapshot_connect,
                 timeout_s=timeout_s,
                 stats=self.publish_stats,
             )
@@ -269,7 +217,7 @@ class DuckEventStore:
 
     @contextmanager
     def _open(self) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
-        con, waited = _connect_retrying(self.path, read_only=False, timeout_s=self.lock_timeout_s, config={})
+        con, waited = connect_retrying(self.path, read_only=False, timeout_s=self.lock_timeout_s, config={})
         try:
             yield con, waited
         finally:
@@ -378,201 +326,3 @@ EVENT_SCHEMA = pa.schema(
         ("kafka_offset", pa.int64()),
     ]
 )
-
-
-# ------------------------------------------------------------------------------------------------ readers
-
-READER_CONFIG: dict[str, Any] = {
-    # No file, network or extension access from a query (and no way to switch it back on: see
-    # _quiet_and_locked).
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-}
-
-
-def _quiet_and_locked(con: duckdb.DuckDBPyConnection, memory_limit: str | None = None) -> None:
-    """No progress bar (a query over 2 s draws one on stdout, into a command's JSON: `prmloop status`
-    printed one while the cluster's catalog was slowed by a kill), then no way to change any setting.
-    The bar is a connection's setting, not one ``duckdb.connect``'s config takes. The lock is the
-    database instance's, shared by every connection of this process to the file: where another
-    reader locked it first, no setting can change, and the lock this function wants is already on."""
-    try:
-        con.execute("SET enable_progress_bar = false")
-        if memory_limit is not None:
-            _set_memory_limit(con, memory_limit)
-    except duckdb.InvalidInputException:
-        locked = con.execute("SELECT current_setting('lock_configuration')").fetchone()
-        if not (locked and locked[0] is True):
-            raise
-        return
-    con.execute("SET lock_configuration = true")
-
-
-def _set_memory_limit(con: duckdb.DuckDBPyConnection, memory_limit: str) -> None:
-    try:
-        con.execute("SET memory_limit = ?", [memory_limit])
-    except duckdb.Error as exc:
-        raise QueryError(f"--max-memory {memory_limit!r} is no amount of memory: give e.g. 2GB or 500MB") from exc
-
-
-@contextmanager
-def open_reader(
-    location: StoreLocation,
-    *,
-    timeout_s: float = 30.0,
-    sandboxed: bool = False,
-    memory_limit: str | None = None,
-    fresh: bool = True,
-) -> Iterator[tuple[duckdb.DuckDBPyConnection, float]]:
-    """A read-only connection. Yields (connection, waited_s). On the DuckDB file it reads the newest
-    read snapshot the writer published that holds everything stored before the call (waiting for the
-    next publication if need be; ``fresh=False``: the newest as it is), never the writer's file.
-
-    On a DuckLake it reads the newest committed snapshot at once: writers never hold readers up; it
-    reaches the catalog as the reader role, and ``sandboxed`` (for someone's SQL) refuses a catalog
-    role that can do more than read (see store/tables/lake_catalog.py)."""
-    path = locate(location)
-    if isinstance(path, LakeStore):
-        with open_lake(path, read_only=True, sandboxed=sandboxed, memory_limit=memory_limit) as lake_con:
-            yield lake_con, 0.0
-        return
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no prmloop database at {path}: start `prmloop sink` (it creates it), or set PRMLOOP_HOME"
-        )
-    con, waited = _open_read_snapshot(path, timeout_s, fresh)
-    try:
-        _quiet_and_locked(con, memory_limit)
-        yield con, waited
-    finally:
-        con.close()
-
-
-def _open_read_snapshot(path: Path, timeout_s: float, fresh: bool = True) -> tuple[duckdb.DuckDBPyConnection, float]:
-    """A read-only connection to the newest read snapshot of ``path`` that holds everything stored
-    before this call (store/tables/published.py), else, where no copy can be made beside it, to the
-    file itself (retried while a writer holds it)."""
-    start = time.monotonic()
-    for _ in range(20):
-        copy, _waited = reading_copy(path, connect=_snapshot_connect, timeout_s=timeout_s, fresh=fresh)
-        if copy is None:
-            con, _ = _connect_retrying(path, read_only=True, timeout_s=timeout_s, config=READER_CONFIG)
-            return con, time.monotonic() - start
-        try:
-            return duckdb.connect(str(copy), read_only=True, config=READER_CONFIG), time.monotonic() - start
-        except (duckdb.IOException, duckdb.ConnectionException):
-            if copy.exists():
-                raise
-            # a newer copy replaced it between looking and opening: look again
-    raise StoreLocked(f"{path}: its read snapshots kept being replaced while this reader opened them")
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    return " ".join(str(text).split())[:limit]
-
-
-@dataclass
-class QueryResult:
-    columns: list[str]
-    rows: list[tuple[Any, ...]]
-    waited_s: float
-
-
-def query(
-    path: StoreLocation,
-    sql: str,
-    params: Sequence[Any] | None = None,
-    *,
-    timeout_s: float = 30.0,
-    sandboxed: bool = False,
-    max_seconds: float | None = None,
-    max_memory: str | None = None,
-    fresh: bool = True,
-) -> QueryResult:
-    """Run read-only ``sql`` against the store; the last statement's result is returned.
-
-    ``sandboxed``: the SQL is someone's (``prmloop sql``): on a DuckLake, refuse to run it as a
-    catalog role that could do more than read. ``max_seconds``: the statements are interrupted
-    (DuckDB's ``interrupt()``, from a timer) once they have run that long; ``max_memory``: DuckDB's
-    ``memory_limit``. Either ends the query in :class:`QueryLimitExceeded`, one line naming the
-    limit. ``fresh=False``: the newest read snapshot as it is (see :func:`reading_copy`), not one
-    at least as new as the call. Every failure of the query is one line."""
-    statements = check_read_only(sql)
-    with open_reader(path, timeout_s=timeout_s, sandboxed=sandboxed, memory_limit=max_memory, fresh=fresh) as (
-        con,
-        waited,
-    ):
-        result: duckdb.DuckDBPyConnection | None = None
-        stopped = threading.Event()
-
-        def stop() -> None:
-            stopped.set()
-            con.interrupt()
-
-        timer = threading.Timer(max_seconds, stop) if max_seconds else None
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
-        try:
-            for i, st in enumerate(statements):
-                try:
-                    result = con.execute(st, params if (params and i == len(statements) - 1) else None)
-                    if i == len(statements) - 1:
-                        columns = [d[0] for d in (result.description or [])]
-                        rows = result.fetchall() if columns else []
-                except duckdb.Error as exc:
-                    where = f"statement {i + 1}: " if len(statements) > 1 else ""
-                    if stopped.is_set() or isinstance(exc, duckdb.InterruptException):
-                        raise QueryLimitExceeded(
-                            f"the query was stopped at its time limit of {max_seconds:g} s: "
-                            "give --max-seconds with more (0: no limit)"
-                        ) from exc
-                    if max_memory is not None and isinstance(exc, duckdb.OutOfMemoryException):
-                        raise QueryLimitExceeded(
-                            f"the query was stopped at its memory limit of {max_memory}: "
-                            "give --max-memory with more (e.g. 8GB)"
-                        ) from exc
-                    problem = str(exc).split("\nLINE ")[0]  # DuckDB's caret drawing is no use on one line
-                    io = isinstance(exc, duckdb.IOException | duckdb.ConnectionException)
-                    raise (QueryIOError if io else QueryError)(
-                        f"the query failed: {where}{_one_line(problem)}"
-                    ) from exc
-        finally:
-            if timer is not None:
-                timer.cancel()
-    return QueryResult(columns, rows, waited)
-
-
-def store_health(db_path: StoreLocation, *, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Counts for ``prmloop status``: events (in all and per topic and type), conflicting duplicates,
-    and when the sink last stored one. Read-only; retried while the sink holds the file."""
-    with open_reader(db_path, timeout_s=timeout_s) as (con, _):
-
-        def scalar(sql: str) -> int:
-            row = con.execute(sql).fetchone()
-            return int(row[0]) if row and row[0] is not None else 0
-
-        tables = {
-            r[0]
-            for r in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
-            ).fetchall()
-        }
-        per_topic = dict(
-            con.execute("SELECT coalesce(topic, '?'), count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall()
-        )
-        per_type = dict(con.execute("SELECT event_type, count(*) FROM events GROUP BY 1 ORDER BY 1").fetchall())
-        has_conflicts = "conflicts" in tables
-        conflicts = scalar("SELECT count(*) FROM conflicts") if has_conflicts else 0
-        conflicting_events = scalar("SELECT count(DISTINCT event_id) FROM conflicts") if has_conflicts else 0
-        last = con.execute("SELECT max(ingested_at) FROM events").fetchone()
-    return {
-        "db_path": str(db_path),
-        "events": sum(per_topic.values()),
-        "events_per_topic": per_topic,
-        "events_per_type": per_type,
-        "conflicts": conflicts,
-        "conflicting_events": conflicting_events,
-        "last_ingested_at": last[0].isoformat() if last and last[0] is not None else None,
-    }

@@ -33,7 +33,6 @@ from prmloop.store.tables.duck import (
     QueryError,
     ReadOnlyViolation,
     StoreLocked,
-    check_read_only,
     open_reader,
     open_writer,
     query,
@@ -41,6 +40,7 @@ from prmloop.store.tables.duck import (
 )
 from prmloop.store.tables.lake import LakeEventStore, open_lake
 from prmloop.store.tables.published import snapshot_files
+from prmloop.store.tables.sql_guard import check_read_only
 from prmloop.store.tables.writer import EventStore
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)

@@ -27,14 +27,13 @@ from prmloop.store.tables.duck import (
     QueryError,
     ReadOnlyViolation,
     StoreLocation,
-    check_read_only,
     locate,
     open_writer,
     query,
 )
 from prmloop.store.tables.lake import METADATA_CATALOG, LakeStore, ReaderRoleError, extension_file, open_lake
 from prmloop.store.tables.lake_catalog import READER_ROLE, reader_conninfo, release_local_postgres
-from prmloop.store.tables.sql_guard import READING_DUCKLAKE_FUNCTIONS
+from prmloop.store.tables.sql_guard import READING_DUCKLAKE_FUNCTIONS, check_read_only
 
 N_EVENTS = 60
 READ_PASSWD = "SELECT * FROM postgres_query('__ducklake_metadata_lake', 'SELECT pg_read_file(''/etc/passwd'') AS f')"

@@ -17,10 +17,10 @@ from prmloop.store.tables.duck import (
     DuckEventStore,
     QueryError,
     ReadOnlyViolation,
-    check_read_only,
     query,
     store_health,
 )
+from prmloop.store.tables.sql_guard import check_read_only
 
 
 def question(qid: str, problem: str = "2+2?", event_id: uuid.UUID | None = None) -> Envelope:
