@@ -35,9 +35,8 @@ from prmloop.flows.pools.build import build_pool
 from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
-from prmloop.models.prm.evaluate import first_below
 from prmloop.models.prm.features import FeatureSpec
-from prmloop.models.prm.pool_items import PoolItem, held_out_f1, split_pool
+from prmloop.models.prm.pool_items import PoolItem, held_out_f1, predict_first_errors, split_pool
 from prmloop.models.prm.scoreboard import f1_report, paired_f1_diff
 from prmloop.store.events import Envelope, ModelRef
 from prmloop.store.settings import StateSettings
@@ -49,7 +48,6 @@ __all__ = [
     "EVAL_SEED",
     "EVAL_SETS",
     "eval_items",
-    "predict_first_errors",
     "score_on_test",
     "train_register_ensemble",
 ]
@@ -222,12 +220,6 @@ def train_register_ensemble(
         "snapshot": snapshot_id,
     }
     return summary, event
-
-
-def predict_first_errors(prm: EnsemblePRM, items: list[PoolItem], features: dict[str, Any]) -> list[int]:
-    """The PRM's predicted first error of each item (-1: none), as :func:`held_out_f1` scores it."""
-    stats = prm.ensemble.stats([features[i.key] for i in items])
-    return [first_below(s.mean, prm.threshold) for s in stats]
 
 
 def score_on_test(prm: EnsemblePRM, *, threads: int | None = None, say: Any = log.info) -> dict[str, Any]:

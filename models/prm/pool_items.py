@@ -19,7 +19,7 @@ from prmloop.models.prm.ensemble_prm import EnsemblePRM
 from prmloop.models.prm.evaluate import first_below
 from prmloop.models.processbench import processbench_f1
 
-__all__ = ["PoolItem", "example_of", "held_out_f1", "split_pool"]
+__all__ = ["PoolItem", "example_at", "example_of", "held_out_f1", "predict_first_errors", "split_pool"]
 
 
 @dataclass(frozen=True)
@@ -57,20 +57,27 @@ def split_pool(items: list[PoolItem]) -> tuple[list[PoolItem], list[PoolItem]]:
 def example_of(item: PoolItem) -> PRMExample | None:
     """The labeller's label as a training example (steps through its first error), or ``None``."""
     first = item.label_first_error
-    if first is None:
-        return None
-    if first < 0:
-        return PRMExample(item.problem, item.steps, (True,) * len(item.steps))
-    first = min(first, len(item.steps) - 1)
-    return PRMExample(item.problem, item.steps[: first + 1], tuple(t < first for t in range(first + 1)))
+    return None if first is None else example_at(item.problem, item.steps, first)
+
+
+def example_at(problem: str, steps: tuple[str, ...], first_error: int) -> PRMExample:
+    """A solution with its first error (-1: none) as a training example: the steps through that error."""
+    if first_error < 0:
+        return PRMExample(problem, steps, (True,) * len(steps))
+    first = min(first_error, len(steps) - 1)
+    return PRMExample(problem, steps[: first + 1], tuple(t < first for t in range(first + 1)))
+
+
+def predict_first_errors(prm: EnsemblePRM, items: Sequence[PoolItem], features: dict[str, np.ndarray]) -> list[int]:
+    """The PRM's predicted first error of each item (-1: none): the first step whose mean score is below τ."""
+    return [first_below(s.mean, prm.threshold) for s in prm.ensemble.stats([features[i.key] for i in items])]
 
 
 def held_out_f1(prm: EnsemblePRM | None, items: Sequence[PoolItem], features: dict[str, np.ndarray]) -> float:
     """Mean over subsets of the ProcessBench F1 (the model's τ; no model: every solution "no error")."""
     by_subset: dict[str, tuple[list[int], list[int]]] = {}
-    stats = prm.ensemble.stats([features[i.key] for i in items]) if prm is not None else None
-    for index, item in enumerate(items):
-        predicted = -1 if stats is None else first_below(stats[index].mean, prm.threshold)  # type: ignore[union-attr]
+    predictions = predict_first_errors(prm, items, features) if prm is not None else [-1] * len(items)
+    for item, predicted in zip(items, predictions, strict=True):
         preds, labels = by_subset.setdefault(item.subset if item.key.startswith("processbench") else "all", ([], []))
         preds.append(predicted)
         labels.append(item.first_error)

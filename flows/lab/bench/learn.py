@@ -118,15 +118,6 @@ def budgets_for(labels: int, first: int = 15) -> list[int]:
     return [*out, labels] if labels >= 1 else []
 
 
-def _example(problem: str, steps: tuple[str, ...], first_error: int) -> Any:
-    from prmloop.models.prm.data import PRMExample
-
-    if first_error < 0:
-        return PRMExample(problem, steps, (True,) * len(steps))
-    first = min(first_error, len(steps) - 1)
-    return PRMExample(problem, steps[: first + 1], tuple(t < first for t in range(first + 1)))
-
-
 def _fe(first: int | None) -> int:
     """A first error as a number: -1 for none (``None`` too, where the caller kept only labelled rows)."""
     return -1 if first is None else int(first)
@@ -188,10 +179,10 @@ def bench_learn(
     import numpy as np
 
     from prmloop.flows.pools.testset import seed_features, test_items
-    from prmloop.flows.retrain_ensemble import predict_first_errors
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
     from prmloop.models.prm.features import FeatureCache, FeatureSpec
+    from prmloop.models.prm.pool_items import example_at, predict_first_errors
     from prmloop.models.prm.scoreboard import f1_report
     from prmloop.store.settings import StateSettings
 
@@ -233,7 +224,7 @@ def bench_learn(
     for n in budgets:
         chosen = loop_order[:n]
         tokens = chosen[-1].tokens_by_then
-        loop_examples = [_example(r.problem, r.steps, _fe(r.accepted_first_error)) for r in chosen]
+        loop_examples = [example_at(r.problem, r.steps, _fe(r.accepted_first_error)) for r in chosen]
         oracle = [r for r in chosen if r.exact_first_error is not None]
         arms["loop"].append({"labels": n, "tokens": tokens, **score(loop_examples)})
         arms["oracle"].append(
@@ -241,14 +232,14 @@ def bench_learn(
                 "labels": n,
                 "exact_labels": len(oracle),
                 "tokens": tokens,
-                **score([_example(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]),
+                **score([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]),
             }
         )
         drawn = random.Random(n).sample(exact_pool, min(n, len(exact_pool)))
         arms["random"].append(
             {
                 "labels": len(drawn),
-                **score([_example(r.problem, r.steps, _fe(r.exact_first_error)) for r in drawn]),
+                **score([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in drawn]),
             }
         )
         say(
