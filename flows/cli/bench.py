@@ -353,6 +353,37 @@ def bench_learn_cmd(
     typer.echo(json.dumps(result))
 
 
+@bench_app.command("replay")
+def bench_replay_cmd(
+    *,
+    requests: Annotated[
+        Path | None, typer.Option(help="a run's recorded requests (default: $PRMLOOP_HOME/requests)")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="requests in flight at once in the replay")] = 64,
+    skip_s: Annotated[float, typer.Option(min=0, help="leave out the run's first seconds (its warm-up)")] = 60.0,
+    threads: Annotated[int | None, typer.Option(min=1, help="the engine's CPU threads (default: the loop's)")] = None,
+) -> None:
+    """The engine's own tokens a second on a recorded run's requests (`prmloop run --record-requests`), sent
+    again at full concurrency to an engine of the bench's own, against the tokens a second the loop got
+    from them (issue 55). Progress to stderr, one JSON line to stdout."""
+    from prmloop.flows.cli.app import err, print_error
+    from prmloop.flows.lab.bench.replay import bench_replay
+    from prmloop.flows.ops.engine import EngineError
+    from prmloop.store.settings import StateSettings
+
+    folder = requests or StateSettings().home / "requests"
+
+    def say(line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    try:
+        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=say)
+    except (ValueError, OSError, EngineError) as exc:
+        print_error(f"bench replay: {exc}")
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(result))
+
+
 @bench_app.command("stalls")
 def bench_stalls_cmd(  # noqa: PLR0917 - one parameter per command-line option
     flood_seconds: Annotated[float, typer.Option(help="seconds of the other user's connection flood")] = 60.0,

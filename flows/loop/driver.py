@@ -46,6 +46,7 @@ from prmloop.flows.loop.watch import (
     EventWatch,
 )
 from prmloop.flows.ops.stack import SERVICES
+from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
 
@@ -112,6 +113,8 @@ class Loop(LoopReport):
         os.environ["PRMLOOP_HOME"] = str(self.home)
         for key, value in self.s.service_environment().items():
             os.environ.setdefault(key, value)
+        if self.s.record_requests:  # the services inherit it (models/backends/request_log.py)
+            os.environ[REQUEST_LOG_VARIABLE] = str(self.home / "requests")
         wanted = list(self.services)
         engine_url = self.engine_url or self._engine_url()
         if engine_url is None and self.start_engine():

@@ -87,6 +87,11 @@ class LoopSettings(BaseSettings):
     rollout_tokens: int = Field(default=128, ge=16, description="MC rollout budget in tokens")
     max_new_tokens: int = Field(default=192, ge=16, description="sampling budget per solution in tokens")
     threads: int | None = Field(default=None, ge=1, description="torch threads of in-process models")
+    record_requests: bool = Field(
+        default=False,
+        description="record every request the services send the engine under $PRMLOOP_HOME/requests "
+        "(for `prmloop bench replay`)",
+    )
 
     @field_validator("levels", mode="before")
     @classmethod

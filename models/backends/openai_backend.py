@@ -16,11 +16,13 @@ token ids; a server that ignores the extension is refused with an explanation ra
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from prmloop.models.backends.base import Completion, FinishReason, SamplingParams, ScoredText
+from prmloop.models.backends.request_log import RequestLog
 from prmloop.models.backends.stopping import cut_at_answer
 
 __all__ = ["OpenAICompatibleBackend", "OpenAIServerError", "TokenizedOpenAIBackend", "load_tokenizer"]
@@ -65,9 +67,13 @@ class OpenAICompatibleBackend:
         self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
         # /tokenize is served at the root by vLLM (not under /v1).
         self._root = self.base_url.removesuffix("/v1")
+        # $PRMLOOP_REQUEST_LOG: completion requests recorded for `prmloop bench replay` (default: none).
+        self._request_log = RequestLog.from_environment()
 
     def close(self) -> None:
         self._client.close()
+        if self._request_log is not None:
+            self._request_log.close()
 
     def __enter__(self) -> OpenAICompatibleBackend:
         return self
@@ -82,6 +88,7 @@ class OpenAICompatibleBackend:
     def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
 
+        started, clock = time.time(), time.perf_counter()
         try:
             try:
                 response = self._client.post(url, json=body)
@@ -102,6 +109,8 @@ class OpenAICompatibleBackend:
                 message = response.text[:500]
             raise OpenAIServerError(f"POST {url} answered HTTP {response.status_code}: {message}")
         payload: dict[str, Any] = response.json()
+        if self._request_log is not None and url == "/completions":
+            self._request_log.record(started, time.perf_counter() - clock, body, payload.get("usage"))
         return payload
 
     def _completion_request(self, prompt: str | list[int], params: SamplingParams, **extra: Any) -> dict[str, Any]:
