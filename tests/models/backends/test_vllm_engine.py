@@ -125,11 +125,31 @@ def test_the_embedded_model_gets_a_client_with_its_tokenizer(client: Any) -> Non
     assert isinstance(client, TokenizedOpenAIBackend) and isinstance(client, Tokenized)
 
 
-def test_sampled_logprobs_n_and_echoed_scores_agree(client: TokenizedOpenAIBackend) -> None:
+def _engine_dtype(engine: tuple[str, StateSettings]) -> str:
+    record = read_state(engine[1], "engine")
+    assert record is not None and "--dtype" in record.argv, record
+    return record.argv[record.argv.index("--dtype") + 1]
+
+
+# How far a sampled token's log-probability may sit from the same token scored by an echoed prompt. The
+# two come from different batches (eight sequences decoding together against one prompt's prefill), so
+# the kernels sum in another order. In float32 that moves a log-probability by under 1e-4. In bfloat16
+# (the CPU engine's dtype where the CPU has native bfloat16 kernels) the logits themselves are rounded
+# to 8 significant bits: one step is 0.125 for a logit in [16, 32) and 0.25 in [32, 64), and the token's
+# logit and the normaliser may each move a step (CI saw 0.150 once; 0.019 at most in 192 sequences here).
+# Over all compared tokens the mean stays small in both: a misaligned or misscaled log-probability would
+# be off by a nat or more on most tokens.
+LOGPROB_TOLERANCE = {"float32": (1e-3, 1e-4), "bfloat16": (0.5, 0.02)}
+
+
+def test_sampled_logprobs_n_and_echoed_scores_agree(
+    engine: tuple[str, StateSettings], client: TokenizedOpenAIBackend
+) -> None:
+    most, mean = LOGPROB_TOLERANCE[_engine_dtype(engine)]
     params = SamplingParams(n=4, max_new_tokens=16, temperature=1.0, seed=5)
     results = client.generate([PROMPT, FEW_SHOT], params)
     assert [len(r) for r in results] == [4, 4]
-    compared = 0
+    compared, gaps = 0, []
     for prompt, completions in zip([PROMPT, FEW_SHOT], results, strict=True):
         for completion in completions:
             assert 0 < len(completion.token_ids) == len(completion.logprobs) <= 16
@@ -137,8 +157,9 @@ def test_sampled_logprobs_n_and_echoed_scores_agree(client: TokenizedOpenAIBacke
             [scored] = client.score([(prompt, client.tokenizer.decode(list(completion.token_ids)))])
             if scored.token_ids == completion.token_ids:
                 compared += 1
-                assert max(abs(a - b) for a, b in zip(scored.logprobs, completion.logprobs, strict=True)) < 1e-3
+                gaps += [abs(a - b) for a, b in zip(scored.logprobs, completion.logprobs, strict=True)]
     assert compared >= 4
+    assert max(gaps) < most and sum(gaps) / len(gaps) < mean, (max(gaps), sum(gaps) / len(gaps))
 
 
 def test_stop_strings_end_the_text_before_them(client: TokenizedOpenAIBackend) -> None:
