@@ -237,7 +237,7 @@ class Annotator:
             self.stats.count("left_for_rollouts", len(costly))
             todo = [c for c in todo if c not in costly]
         todo = labelling_order(todo)
-        self.stats.started()
+        self.stats.started(len(batch))
         # Labels that cost no rollout are published at once: consensus need not wait for the batch's rollouts.
         free = [c for c in todo if _free(c.event.payload)]
         rejected = self._settle(free, [self._one(c) for c in free])
@@ -399,7 +399,7 @@ def run_annotator(
         bootstrap_servers=bootstrap_servers,
         counters=handler.stats.as_dict,
         kafka=kafka,
-        max_batch=settings.in_flight,
+        max_batch=settings.taken_at_once,
         until=until,
         done=done,
         idle_timeout_s=settings.until_idle,

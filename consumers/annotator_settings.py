@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from prmloop.models.annotation.strategies import STRATEGIES, AnnotationStrategy
@@ -57,6 +57,12 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         ge=1,
         description="solutions annotated at once (a server engine batches them; transformers gets them as one batch)",
     )
+    batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="solutions taken from the topic at once, at least --in-flight (default: --in-flight); more keeps "
+        "--in-flight searches going while a batch's slowest finish (its offsets are committed when all are done)",
+    )
     group: str = Field(
         default="prmloop-annotator", description="consumer group; processes in one group share partitions"
     )
@@ -85,6 +91,20 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         if value not in STRATEGIES:
             raise ValueError(f"unknown annotation strategy {value!r}; choose one of {', '.join(STRATEGIES)}")
         return value
+
+    @model_validator(mode="after")
+    def _batch_holds_the_searches(self) -> AnnotatorSettings:
+        if self.batch is not None and self.batch < self.in_flight:
+            raise ValueError(
+                f"batch ({self.batch}) must be at least in_flight ({self.in_flight}): "
+                "raise --batch or lower --in-flight"
+            )
+        return self
+
+    @property
+    def taken_at_once(self) -> int:
+        """Solutions taken from the topic per batch: ``batch``, else ``in_flight``."""
+        return self.batch or self.in_flight
 
     def make_strategy(self) -> AnnotationStrategy:
         """The configured strategy with its parameters (fixed N for the hard-MC baselines)."""

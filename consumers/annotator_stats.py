@@ -33,11 +33,14 @@ class AnnotatorStats:
         #: the busy window, without start-up and group-join time (what the scaling benchmark compares).
         self.first_started: float | None = None
         self.last_published: float | None = None
+        #: the most solutions handed over in one batch (``--batch``: what a search that ends can make room for)
+        self.largest_batch = 0
 
-    def started(self) -> None:
+    def started(self, batch: int = 0) -> None:
         with self._lock:
             if self.first_started is None:
                 self.first_started = time.time()
+            self.largest_batch = max(self.largest_batch, batch)
 
     def add(self, annotation: Annotation) -> None:
         with self._lock:
@@ -63,4 +66,5 @@ class AnnotatorStats:
                 "failures": dict(self.failures),
                 "first_started": self.first_started,
                 "last_published": self.last_published,
+                "largest_batch": self.largest_batch,
             }

@@ -49,11 +49,11 @@ class LoopSettings(BaseSettings):
     probe_batch: int = Field(default=6, ge=1, description="new questions per feed")
     top_up_batch: int = Field(default=3, ge=0, description="queued questions topped up per feed (order=priority)")
     ahead: int = Field(
-        default=12,
+        default=48,
         ge=1,
         description=(
             "sampled solutions waiting for the annotator, at most, before a feed (its solutions in flight"
-            " count until their batch is committed: keep it above --in-flight)"
+            " count until their batch is committed: keep it above --annotate-batch)"
         ),
     )
     retrain_every: int = Field(default=10, ge=1, description="retrain after this many new accepted labels")
@@ -67,9 +67,15 @@ class LoopSettings(BaseSettings):
     )
     eval_questions: int = Field(default=20, ge=1, description="validation questions per level (4 solutions each)")
     in_flight: int = Field(
-        default=4,
+        default=12,
         ge=1,
         description="solutions the annotator searches at once (their rollouts fill the engine's batches)",
+    )
+    annotate_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="solutions the annotator takes at once (default: three times --in-flight), so a search that ends "
+        "makes room for the next; keep --ahead above it",
     )
     n0: int = Field(
         default=2,
@@ -109,6 +115,11 @@ class LoopSettings(BaseSettings):
     def _rollouts_fit(self) -> LoopSettings:
         if self.n0 > self.n_max:
             raise ValueError(f"n0 ({self.n0}) must not exceed n_max ({self.n_max}): raise --n-max or lower --n0")
+        if self.annotate_batch is not None and self.annotate_batch < self.in_flight:
+            raise ValueError(
+                f"annotate_batch ({self.annotate_batch}) must be at least in_flight ({self.in_flight}): "
+                "raise --annotate-batch or lower --in-flight"
+            )
         return self
 
     @property
@@ -125,6 +136,7 @@ class LoopSettings(BaseSettings):
             "PRMLOOP_ANNOTATOR_STATE_N_MAX": str(self.state_n_max),
             "PRMLOOP_ANNOTATOR_MAX_NEW_TOKENS": str(self.rollout_tokens),
             "PRMLOOP_ANNOTATOR_IN_FLIGHT": str(self.in_flight),
+            "PRMLOOP_ANNOTATOR_BATCH": str(self.annotate_batch or 3 * self.in_flight),
             "PRMLOOP_JUDGE_METHOD": "exact",
             "PRMLOOP_SELECTOR_REFRESH_S": "5",
         }

@@ -13,9 +13,12 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from kafka import KafkaConsumer, TopicPartition
+from pydantic import ValidationError
 
 from prmloop.consumers.annotator import Annotator
+from prmloop.consumers.annotator_settings import AnnotatorSettings
 from prmloop.flows.lab.bench.annotator import scored_simulated_events
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
@@ -155,3 +158,23 @@ def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
         results.append(labels)
     assert results[0] == results[1]
     assert len(results[0]) == 8
+
+
+def test_a_batch_larger_than_the_searches_in_flight_is_taken_at_once_and_labelled_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """``--batch`` hands the annotator more solutions than it searches at once, so a search that ends
+    makes room for the next (issue 55: the loop's engine saw three requests in flight); without it a
+    batch is ``--in-flight`` solutions. Either way each solution is labelled once."""
+    n = 12
+    for seed, batch, largest in ((9003, ("--batch", "6"), 6), (9004, (), 2)):
+        topic, _ = publish_world(kafka_bootstrap, n, seed, partitions=1)  # all waiting before it starts
+        ids = {simulated_solution_id(seed, i) for i in range(n)}
+        extra = ("--in-flight", "2", *batch, "--until-idle", "4")
+        summary = summary_of(annotator(kafka_bootstrap, topic, f"annotator-{topic}", (n, seed), tmp_path, *extra), 180)
+        assert summary["largest_batch"] == largest, summary
+        labels = labels_of(kafka_bootstrap, ids)
+        assert set(labels) == ids
+        assert all(len({e.event_id for e in events}) == 1 for events in labels.values())
+    with pytest.raises(ValidationError, match=r"batch \(1\) must be at least in_flight \(2\)"):
+        AnnotatorSettings(in_flight=2, batch=1)

@@ -28,7 +28,7 @@ def test_levels_are_read_from_a_list_and_refused_outside_the_curriculum() -> Non
             LoopSettings(levels=wrong)
 
 
-def test_the_annotator_the_loop_starts_takes_its_rollout_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_annotator_the_loop_starts_takes_its_rollout_counts_and_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     from prmloop.consumers.annotator_settings import AnnotatorSettings
     from prmloop.models.annotation.estimate import Sampling
 
@@ -42,6 +42,12 @@ def test_the_annotator_the_loop_starts_takes_its_rollout_counts(monkeypatch: pyt
     assert LoopSettings().state_n_max == 4  # the loop tops up a state none of whose 2 rollouts solved it
     with pytest.raises(ValidationError, match=r"n0 \(5\) must not exceed n_max \(4\)"):
         LoopSettings(n0=5, n_max=4)
+    for in_flight, batch, taken in ((4, None, 12), (12, 12, 12), (12, 36, 36)):
+        for key, value in LoopSettings(in_flight=in_flight, annotate_batch=batch).service_environment().items():
+            monkeypatch.setenv(key, value)
+        assert (AnnotatorSettings().in_flight, AnnotatorSettings().taken_at_once) == (in_flight, taken)
+    with pytest.raises(ValidationError, match=r"annotate_batch \(3\) must be at least in_flight \(4\)"):
+        LoopSettings(in_flight=4, annotate_batch=3)
 
 
 def test_the_stream_takes_the_levels_in_turn_and_never_repeats_a_question() -> None:
