@@ -293,3 +293,21 @@ def open_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+#: The model name :func:`tiny_server_url` serves :func:`tiny_backend` under.
+TINY_SERVED = "tiny-served"
+
+
+@pytest.fixture(scope="module")
+def tiny_server_url(tiny_backend: TransformersBackend) -> Iterator[str]:
+    """``prmloop serve``'s OpenAI-compatible server on :func:`tiny_backend` in a thread (its ``/v1`` URL),
+    serving it as ``tiny-served``; stopped at the module's end."""
+    from prmloop.flows.ops.serve import serve_in_thread
+
+    httpd, url = serve_in_thread(tiny_backend, port=0, served_model_name=TINY_SERVED)
+    try:
+        yield url
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -77,6 +77,7 @@ __all__ = [
     "engine_load",
     "engine_unavailable",
     "gpu_present",
+    "group_cpu_ticks",
     "service_environment",
     "vllm_python",
 ]
@@ -312,7 +313,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def _group_cpu_ticks(pgid: int) -> int:
+def group_cpu_ticks(pgid: int) -> int:
     """CPU ticks (user + system) of every process in the process group ``pgid`` (the engine's children too)."""
     total = 0
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -329,9 +330,9 @@ def engine_load(pid: int, url: str | None, sample_s: float = 0.5) -> dict[str, A
     """For ``prmloop status``: cores the engine's processes keep busy, its memory, and its request queue."""
     load: dict[str, Any] = {}
     ticks = os.sysconf("SC_CLK_TCK")
-    before = _group_cpu_ticks(pid)
+    before = group_cpu_ticks(pid)
     time.sleep(sample_s)
-    load["cpu_cores_busy"] = round((_group_cpu_ticks(pid) - before) / ticks / sample_s, 2)
+    load["cpu_cores_busy"] = round((group_cpu_ticks(pid) - before) / ticks / sample_s, 2)
     if url:
         try:
             with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=2) as response:

@@ -36,6 +36,7 @@ from prmloop.flows.ops.engine import (
     default_threads,
     engine_environment,
     engine_server,
+    group_cpu_ticks,
     vllm_python,
 )
 from prmloop.models.backends.request_log import read_requests
@@ -72,18 +73,9 @@ def loop_figures(rows: list[dict[str, Any]], skip_s: float = 0.0) -> dict[str, A
 
 def _cpu_ticks(pgid: int | None) -> tuple[int, int]:
     """(ticks of the processes in group ``pgid``, the machine's idle ticks) from ``/proc``."""
-    group = 0
-    if pgid is not None:
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(") ", 1)[-1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                group += int(fields[11]) + int(fields[12])
     with open("/proc/stat") as machine:
         cpu = machine.readline().split()[1:]
-    return group, int(cpu[3]) + int(cpu[4])
+    return (group_cpu_ticks(pgid) if pgid is not None else 0), int(cpu[3]) + int(cpu[4])
 
 
 def _server_group(port: str) -> int | None:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from prmloop.flows.ops.serve import serve_in_thread
 from prmloop.models.backends.base import Generator, SamplingParams, Scorer, TokenIdScorer, Tokenized
 from prmloop.models.backends.openai_backend import (
     OpenAICompatibleBackend,
@@ -26,19 +25,9 @@ PROMPTS = ["Question: what is 2 + 2?\nAnswer:", "Step 1: Let x be the number of 
 SERVED = "tiny-served"
 
 
-@pytest.fixture(scope="module")
-def server_url(tiny_backend: TransformersBackend) -> Iterator[str]:
-    httpd, url = serve_in_thread(tiny_backend, port=0, served_model_name=SERVED)
-    try:
-        yield url
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
 @pytest.fixture()
-def client(server_url: str) -> Iterator[OpenAICompatibleBackend]:
-    with OpenAICompatibleBackend(SERVED, base_url=server_url, timeout_s=60) as backend:
+def client(tiny_server_url: str) -> Iterator[OpenAICompatibleBackend]:
+    with OpenAICompatibleBackend(SERVED, base_url=tiny_server_url, timeout_s=60) as backend:
         yield backend
 
 
@@ -47,9 +36,9 @@ def test_client_implements_the_generator_and_scorer_protocols(client: OpenAIComp
     assert isinstance(client, Scorer)
 
 
-def test_server_lists_its_model_and_answers_health(server_url: str) -> None:
-    assert httpx.get(f"{server_url}/models").json()["data"][0]["id"] == SERVED
-    assert httpx.get(server_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+def test_server_lists_its_model_and_answers_health(tiny_server_url: str) -> None:
+    assert httpx.get(f"{tiny_server_url}/models").json()["data"][0]["id"] == SERVED
+    assert httpx.get(tiny_server_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
 
 
 def test_generate_over_http_equals_the_in_process_backend(
@@ -88,16 +77,16 @@ def test_score_over_http_equals_the_in_process_scorer(
         assert max(abs(a - b) for a, b in zip(remote.logprobs, local.logprobs, strict=True)) < 1e-5
 
 
-def test_an_unknown_model_name_is_reported_with_the_served_one(server_url: str) -> None:
+def test_an_unknown_model_name_is_reported_with_the_served_one(tiny_server_url: str) -> None:
     with (
-        OpenAICompatibleBackend("gpt-5", base_url=server_url) as wrong,
+        OpenAICompatibleBackend("gpt-5", base_url=tiny_server_url) as wrong,
         pytest.raises(OpenAIServerError, match=r"HTTP 400.*tiny-served"),
     ):
         wrong.generate(PROMPTS[:1], SamplingParams(max_new_tokens=2))
 
 
-def test_invalid_sampling_parameters_are_a_400_not_a_crash(server_url: str) -> None:
-    response = httpx.post(f"{server_url}/completions", json={"prompt": "x", "temperature": -1})
+def test_invalid_sampling_parameters_are_a_400_not_a_crash(tiny_server_url: str) -> None:
+    response = httpx.post(f"{tiny_server_url}/completions", json={"prompt": "x", "temperature": -1})
     assert response.status_code == 400
     assert "temperature" in response.json()["error"]["message"]
 
@@ -128,16 +117,16 @@ def _served_payload(ids: list[int], text: str) -> dict[str, object]:
 
 @pytest.mark.parametrize("local_tokenizer", [False, True], ids=["server-detokenizes", "local-tokenizer"])
 def test_the_answer_cut_keeps_the_tokens_of_the_answer_whatever_the_servers_offsets(
-    server_url: str, tiny_backend: TransformersBackend, local_tokenizer: bool
+    tiny_server_url: str, tiny_backend: TransformersBackend, local_tokenizer: bool
 ) -> None:
     tokenizer = tiny_backend.tokenizer
     answer = "Step 2: 5 + 7 = 12. The answer is 12."
     text = answer + " Then more words follow"
     ids = tokenizer.encode(text, add_special_tokens=False)
     client = (
-        TokenizedOpenAIBackend(SERVED, tokenizer=tokenizer, base_url=server_url)
+        TokenizedOpenAIBackend(SERVED, tokenizer=tokenizer, base_url=tiny_server_url)
         if local_tokenizer
-        else OpenAICompatibleBackend(SERVED, base_url=server_url)
+        else OpenAICompatibleBackend(SERVED, base_url=tiny_server_url)
     )
     with client:
         [cut] = client._completions(_served_payload(ids, text), 1, SamplingParams(stop_at_answer=True))
@@ -147,10 +136,10 @@ def test_the_answer_cut_keeps_the_tokens_of_the_answer_whatever_the_servers_offs
 
 
 def test_the_tokenized_client_scores_and_encodes_like_the_in_process_backend(
-    server_url: str, tiny_backend: TransformersBackend
+    tiny_server_url: str, tiny_backend: TransformersBackend
 ) -> None:
     pairs = [(PROMPTS[0], " 4. The answer is 4."), (PROMPTS[1], " 3 apples")]
-    with TokenizedOpenAIBackend(SERVED, tokenizer=tiny_backend.tokenizer, base_url=server_url) as client:
+    with TokenizedOpenAIBackend(SERVED, tokenizer=tiny_backend.tokenizer, base_url=tiny_server_url) as client:
         assert isinstance(client, TokenIdScorer)
         assert client.encode_prompt(PROMPTS[0]) == tiny_backend.encode_prompt(PROMPTS[0])
         for remote, local in zip(client.score(pairs), tiny_backend.score(pairs), strict=True):

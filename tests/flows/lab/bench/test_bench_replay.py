@@ -8,30 +8,17 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from prmloop.flows.lab.bench.replay import loop_figures, replay
-from prmloop.flows.ops.serve import serve_in_thread
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
 from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE, read_requests
-from prmloop.models.backends.transformers_backend import TransformersBackend
 
 SERVED = "tiny-served"
 PROMPT = "Step 1: Let x be the number of apples. Step 2:"
-
-
-@pytest.fixture(scope="module")
-def server_url(tiny_backend: TransformersBackend) -> Iterator[str]:
-    httpd, url = serve_in_thread(tiny_backend, port=0, served_model_name=SERVED)
-    try:
-        yield url
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def _row(t: float, s: float, tokens: int, n: int = 1) -> dict[str, object]:
@@ -67,12 +54,12 @@ def test_an_empty_folder_says_how_to_record_and_a_cut_last_line_is_left_out(tmp_
 
 
 def test_the_client_records_each_completion_request_without_its_key_and_the_replay_repeats_them(
-    server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_server_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = tmp_path / "requests"
     monkeypatch.setenv(REQUEST_LOG_VARIABLE, str(folder))
     params = SamplingParams(max_new_tokens=6, temperature=0.0, seed=3)
-    with OpenAICompatibleBackend(SERVED, base_url=server_url, api_key="sekret-key", timeout_s=60) as client:
+    with OpenAICompatibleBackend(SERVED, base_url=tiny_server_url, api_key="sekret-key", timeout_s=60) as client:
         rollouts = client.rollouts(PROMPT, 3, params)
         sampled = client.generate([PROMPT, "Question: 2 + 2?"], params.model_copy(update={"n": 2}))
     [log] = list(folder.glob("*.jsonl"))
@@ -85,12 +72,12 @@ def test_the_client_records_each_completion_request_without_its_key_and_the_repl
     assert all(row["s"] > 0 for row in rows)
 
     said: list[str] = []
-    replayed = replay(server_url, [row["body"] for row in rows], 4, said.append, model=SERVED)
+    replayed = replay(tiny_server_url, [row["body"] for row in rows], 4, said.append, model=SERVED)
     # greedy and seeded: the same requests generate the same tokens again
     assert (replayed["requests"], replayed["errors"], replayed["tokens"]) == (3, 0, generated)
     assert replayed["tokens_per_s"] > 0
 
 
-def test_a_refused_request_counts_as_an_error_not_as_tokens(server_url: str) -> None:
-    replayed = replay(server_url, [{"prompt": "x", "max_tokens": 4}], 2, print, model="no-such-model")
+def test_a_refused_request_counts_as_an_error_not_as_tokens(tiny_server_url: str) -> None:
+    replayed = replay(tiny_server_url, [{"prompt": "x", "max_tokens": 4}], 2, print, model="no-such-model")
     assert (replayed["requests"], replayed["errors"], replayed["tokens"]) == (1, 1, 0)
