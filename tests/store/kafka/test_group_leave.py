@@ -2,9 +2,13 @@
 
 The scene of the chaos test's hang after PostgreSQL's restart, made deterministic: a group's leader
 holds every partition; a second member joins, so the group re-forms and waits for its leader's new
-assignment; the leader closes before it joins again. With kafka-python's LeaveGroup, Tansu keeps the
-departed member as the group's leader and the second member never gets a partition. Closed silently,
+assignment; the leader closes before it joins again. With kafka-python's LeaveGroup, Tansu can keep the
+departed member as the group's leader, and the second member never gets a partition. Closed silently,
 the leader expires after the session timeout and the second member takes every partition.
+
+The test checks only the silent close. An earlier version also checked that the stock LeaveGroup still
+hangs. Whether it does depends on where the LeaveGroup lands in the re-forming (CI once saw the stock
+member take all four partitions), so that check asserted a race in the broker, not anything prmloop does.
 """
 
 from __future__ import annotations
@@ -53,21 +57,14 @@ def test_a_leader_that_closes_silently_while_its_group_reforms_leaves_the_group_
 ) -> None:
     topic = f"leave-{uuid.uuid4().hex[:8]}"
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, PARTITIONS)])
-    stock = _leader_leaves_while_the_group_reforms(kafka_bootstrap, topic, silently=False)
     silent = _leader_leaves_while_the_group_reforms(kafka_bootstrap, topic, silently=True)
     started = time.monotonic()
-    taken_over: float | None = None
     try:
-        # Both second members poll for four session timeouts: the silent leader's expires after one.
-        while time.monotonic() - started < 4 * SESSION_MS / 1000:
-            stock.poll(timeout_ms=100)
+        # The member left polls for four session timeouts: the silent leader's expires after one.
+        while time.monotonic() - started < 4 * SESSION_MS / 1000 and len(silent.assignment()) < PARTITIONS:
             silent.poll(timeout_ms=100)
-            if taken_over is None and len(silent.assignment()) == PARTITIONS:
-                taken_over = time.monotonic() - started
-        assert taken_over is not None, "the silent leader's group never gave its partitions to the member left"
-        assert len(stock.assignment()) == 0, (
-            "Tansu no longer keeps a departed leader: without_leave_group may be dropped"
+        assert len(silent.assignment()) == PARTITIONS, (
+            "the silent leader's group never gave its partitions to the member left"
         )
     finally:
-        for consumer in (stock, silent):
-            without_leave_group(consumer).close(autocommit=False)
+        without_leave_group(silent).close(autocommit=False)
