@@ -15,7 +15,16 @@ from prmloop.models.backends.registry import EngineSettings
 from prmloop.models.simulator import SimulatorOptions
 from prmloop.store.events import SolutionSelected
 
-__all__ = ["AnnotatorSettings"]
+__all__ = ["AnnotatorSettings", "check_batch"]
+
+
+def check_batch(batch: int | None, in_flight: int, option: str = "batch") -> None:
+    """Refuse a batch (solutions taken at once) smaller than the searches in flight: the rest would idle."""
+    if batch is not None and batch < in_flight:
+        raise ValueError(
+            f"{option} ({batch}) must be at least in_flight ({in_flight}): "
+            f"raise --{option.replace('_', '-')} or lower --in-flight"
+        )
 
 
 class AnnotatorSettings(EngineSettings, SimulatorOptions):
@@ -94,11 +103,7 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
 
     @model_validator(mode="after")
     def _batch_holds_the_searches(self) -> AnnotatorSettings:
-        if self.batch is not None and self.batch < self.in_flight:
-            raise ValueError(
-                f"batch ({self.batch}) must be at least in_flight ({self.in_flight}): "
-                "raise --batch or lower --in-flight"
-            )
+        check_batch(self.batch, self.in_flight)
         return self
 
     @property

@@ -115,11 +115,9 @@ class LoopSettings(BaseSettings):
     def _rollouts_fit(self) -> LoopSettings:
         if self.n0 > self.n_max:
             raise ValueError(f"n0 ({self.n0}) must not exceed n_max ({self.n_max}): raise --n-max or lower --n0")
-        if self.annotate_batch is not None and self.annotate_batch < self.in_flight:
-            raise ValueError(
-                f"annotate_batch ({self.annotate_batch}) must be at least in_flight ({self.in_flight}): "
-                "raise --annotate-batch or lower --in-flight"
-            )
+        from prmloop.consumers.annotator_settings import check_batch
+
+        check_batch(self.annotate_batch, self.in_flight, "annotate_batch")
         return self
 
     @property
