@@ -401,6 +401,11 @@ def bench_stalls_cmd(  # noqa: PLR0917 - one parameter per command-line option
     if quick:
         flood_seconds, threads, query_seconds = 10.0, 50, 20.0
     result = bench_stalls(
-        flood_seconds=flood_seconds, threads=threads, interval=interval, query_seconds=query_seconds, rate=rate
+        flood_seconds=flood_seconds,
+        threads=threads,
+        interval=interval,
+        query_seconds=query_seconds,
+        rate=rate,
+        say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
     )
     typer.echo(json.dumps(result))

@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -357,7 +358,22 @@ def bench_stalls(
     owner_rate: float = 20.0,
     query_seconds: float = 300.0,
     rate: int = 100,
+    say: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
+    """The three phases (see the module docstring), saying when each starts and what it found."""
+    say(f"bench stalls: the flood: {threads} threads as nobody for {flood_seconds:g} s")
     flood = _flood_phase(threads, flood_seconds, interval, owner_rate)
+    if "flood" in flood:
+        say(f"bench stalls: {flood['flood']}")
+    else:
+        say(
+            f"bench stalls: the flood: {flood['owner_failed_requests']} failed owner requests, produce-to-stored "
+            f"p99 {flood['owner_produce_to_stored_p99_ms']} ms, gate {flood['gate_cpu_share']} of a core"
+        )
+    say(f"bench stalls: the long query: {query_seconds:g} s beside the sink at {rate} events/s")
     long_query = _long_query_phase(query_seconds, rate)
+    say(
+        f"bench stalls: the long query: publish-to-queryable p95 {long_query['during_query_p95_latency_ms']} ms; "
+        f"the runaway's exit {long_query['runaway_exit']} after {long_query['runaway_s']} s; the snapshot copy's cost"
+    )
     return {"bench": "stalls", **flood, **long_query, **_copy_cost()}
