@@ -43,6 +43,11 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
     typer.echo(json.dumps({**result, "store": "duckdb", "sinks": 1}))
 
 
+def _say(line: str) -> None:
+    """A bench's progress line, on stderr (its JSON line goes to stdout)."""
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 @bench_app.command("generate")
 def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     quick: Annotated[bool, typer.Option(help="4 questions x 32 tokens (--wrapper: 4 x 32, one repeat)")] = False,
@@ -172,7 +177,7 @@ def bench_loop_cmd(
             levels=levels,
             seed=seed,
             threads=threads,
-            say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
+            say=_say,
         )
         typer.echo(json.dumps(result, default=str))
         return
@@ -251,7 +256,6 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     transformers; arith-mc also runs MC rollouts): what a build will cost is said before it starts.
     Progress goes to stderr; one JSON line to stdout.
     """
-    from prmloop.flows.cli.app import err
     from prmloop.flows.lab.bench.active import ActiveSettings
     from prmloop.flows.lab.bench.active_run import bench_active
     from prmloop.flows.pools.build import POOLS
@@ -285,8 +289,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
         engine=engine,
     )
 
-    def say(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    say = _say
 
     try:
         results = bench_active(
@@ -344,8 +347,7 @@ def bench_learn_cmd(
     except ValueError:
         raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
 
-    def say(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    say = _say
 
     result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=say)
     if out is not None:
@@ -366,15 +368,14 @@ def bench_replay_cmd(
     """The engine's own tokens a second on a recorded run's requests (`prmloop run --record-requests`), sent
     again at full concurrency to an engine of the bench's own, against the tokens a second the loop got
     from them (issue 55). Progress to stderr, one JSON line to stdout."""
-    from prmloop.flows.cli.app import err, print_error
+    from prmloop.flows.cli.app import print_error
     from prmloop.flows.lab.bench.replay import bench_replay
     from prmloop.flows.ops.engine import EngineError
     from prmloop.store.settings import StateSettings
 
     folder = requests or StateSettings().home / "requests"
 
-    def say(line: str) -> None:
-        err.print(line, markup=False, highlight=False, soft_wrap=True)
+    say = _say
 
     try:
         result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=say)
@@ -406,6 +407,6 @@ def bench_stalls_cmd(  # noqa: PLR0917 - one parameter per command-line option
         interval=interval,
         query_seconds=query_seconds,
         rate=rate,
-        say=lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
+        say=_say,
     )
     typer.echo(json.dumps(result))
