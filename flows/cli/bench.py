@@ -289,8 +289,6 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
         engine=engine,
     )
 
-    say = _say
-
     try:
         results = bench_active(
             names,
@@ -301,7 +299,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
             if max_build_minutes is not None
             else (QUICK_BUILD_MINUTES if quick else None),
             with_label_quality=label_quality,
-            say=say,
+            say=_say,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -347,9 +345,7 @@ def bench_learn_cmd(
     except ValueError:
         raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
 
-    say = _say
-
-    result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=say)
+    result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=_say)
     if out is not None:
         write_json(out, result)
     typer.echo(json.dumps(result))
@@ -375,10 +371,8 @@ def bench_replay_cmd(
 
     folder = requests or StateSettings().home / "requests"
 
-    say = _say
-
     try:
-        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=say)
+        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=_say)
     except (ValueError, OSError, EngineError) as exc:
         print_error(f"bench replay: {exc}")
         raise typer.Exit(1) from None

@@ -374,6 +374,6 @@ def bench_stalls(
     long_query = _long_query_phase(query_seconds, rate)
     say(
         f"bench stalls: the long query: publish-to-queryable p95 {long_query['during_query_p95_latency_ms']} ms; "
-        f"the runaway's exit {long_query['runaway_exit']} after {long_query['runaway_s']} s; the snapshot copy's cost"
+        f"the runaway's exit {long_query['runaway_exit']} after {long_query['runaway_s']} s; then the copy's cost"
     )
     return {"bench": "stalls", **flood, **long_query, **_copy_cost()}
