@@ -222,14 +222,27 @@ def train_register_ensemble(
     return summary, event
 
 
-def score_on_test(prm: EnsemblePRM, *, threads: int | None = None, say: Any = log.info) -> dict[str, Any]:
-    """The PRM on the test set (:func:`prmloop.flows.pools.testset.test_items`): ``{"test_set": name and
-    digest, "test": {"all": {f1, lo, hi, n}, "L1": ...}}`` (bootstrap 95 % intervals over questions)."""
-    from prmloop.flows.pools.testset import seed_features, test_items
+def score_on_test(
+    prm: EnsemblePRM,
+    *,
+    threads: int | None = None,
+    say: Any = log.info,
+    directory: Path | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """The PRM on the test set (:func:`prmloop.flows.pools.testset.test_items`; or the one built into
+    ``directory``, of ``seed`` or the folder's only seed): ``{"test_set": name and digest, "test": {"all":
+    {f1, lo, hi, n}, "L1": ...}}`` (bootstrap 95 % intervals over questions)."""
+    from prmloop.flows.pools.testset import SHIPPED_DIR, TEST_SEED, load_testset, seed_features, seed_in, test_items
 
-    manifest, items = test_items(threads=threads, say=say)
+    if directory is None:
+        manifest, items = test_items(threads=threads, say=say)
+        directory, seed = SHIPPED_DIR, TEST_SEED
+    else:
+        seed = seed_in(directory) if seed is None else seed
+        manifest, items = load_testset(directory, seed)
     if prm.cache is not None:
-        seed_features(prm.cache)
+        seed_features(prm.cache, directory, seed)
     started = time.monotonic()
     cached = len(prm.cache) if prm.cache is not None else 0
     vectors = prm.features([i.problem for i in items], [list(i.steps) for i in items])

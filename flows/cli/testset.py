@@ -17,6 +17,9 @@ testset_app = typer.Typer(
 app.add_typer(testset_app, name="testset")
 
 
+_SEED_HELP = "which set of the folder, by its curriculum seed (default: the test seed, else the folder's only set)"
+
+
 def _say(line: str) -> None:
     err.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -67,11 +70,13 @@ def show(
     directory: Annotated[
         Path | None, typer.Option("--dir", help="the test set's folder (default: the shipped one)")
     ] = None,
+    seed: Annotated[int | None, typer.Option(help=_SEED_HELP)] = None,
 ) -> None:
     """The test set's manifest (generator and digest, sampling, checker, counts per level) as JSON."""
-    from prmloop.flows.pools.testset import SHIPPED_DIR, load_testset
+    from prmloop.flows.pools.testset import SHIPPED_DIR, load_testset, seed_in
 
-    manifest, items = load_testset(directory or SHIPPED_DIR)
+    folder = directory or SHIPPED_DIR
+    manifest, items = load_testset(folder, seed_in(folder) if seed is None else seed)
     typer.echo(json.dumps({**manifest, "loaded": len(items)}))
 
 
@@ -82,11 +87,23 @@ def score(
     ] = None,
     db: Annotated[str | None, typer.Option(help="the store whose PRM in force is scored")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for the backbone's features")] = None,
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir",
+            help="score on the set built into this folder (`prmloop testset build --out`), e.g. of another seed",
+        ),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help=_SEED_HELP)] = None,
 ) -> None:
-    """Score an ensemble PRM on the test set: F1 with its bootstrap 95 % interval, over all and per level."""
+    """Score an ensemble PRM on the test set: F1 with its bootstrap 95 % interval, over all and per level.
+
+    With `--dir`, on a set built anew (another seed, say): for the PRM in force the line also holds the
+    test F1 it reported when it was registered and the difference, a check that the scoreboard holds."""
     from prmloop.flows.retrain_ensemble import score_on_test
     from prmloop.models.prm.ensemble_prm import EnsemblePRM
 
+    reported: dict[str, float] = {}
     if prm is None:
         from prmloop.flows.cli.app import db_path
         from prmloop.store.tables.registry import current_model
@@ -95,6 +112,8 @@ def score(
         if model is None:
             raise ValueError("no ensemble PRM is in force in the store: pass --prm <folder>, or run the loop first")
         prm = Path(model["artifact_uri"])
+        metrics = model.get("metrics") or {}
+        reported = {k: float(metrics[k]) for k in ("test_f1", "test_f1_lo", "test_f1_hi") if k in metrics}
     if not (prm / "prm.json").is_file():
         raise FileNotFoundError(
             f"--prm {prm}: no ensemble PRM there (no prm.json): pass a folder `prmloop models list` names"
@@ -102,4 +121,10 @@ def score(
     from prmloop.store.settings import StateSettings
 
     model_obj = EnsemblePRM.load(prm, cache_dir=StateSettings().features_dir, threads=threads)
-    typer.echo(json.dumps({"prm": str(prm), **score_on_test(model_obj, threads=threads, say=_say)}))
+    result = score_on_test(model_obj, threads=threads, say=_say, directory=directory, seed=seed)
+    line = {"prm": str(prm), **result}
+    fresh = result["test"]["all"]["f1"]
+    if directory is not None and reported and fresh is not None:
+        line["reported"] = {k.replace("test_", ""): v for k, v in reported.items()}
+        line["f1_minus_reported"] = round(fresh - reported["test_f1"], 4)
+    typer.echo(json.dumps(line))

@@ -47,6 +47,7 @@ __all__ = [
     "load_testset",
     "read_manifest",
     "seed_features",
+    "seed_in",
     "test_items",
     "write_features",
 ]
@@ -74,8 +75,11 @@ class TestSetError(ValueError):
     __test__ = False  # not a pytest class
 
 
+_PREFIX = "arith-smollm2-seed"
+
+
 def _stem(seed: int) -> str:
-    return f"arith-smollm2-seed{seed}-v{TESTSET_VERSION}"
+    return f"{_PREFIX}{seed}-v{TESTSET_VERSION}"
 
 
 def _sha256(path: Path) -> str:
@@ -164,6 +168,21 @@ def read_manifest(directory: Path = SHIPPED_DIR, seed: int = TEST_SEED) -> dict[
         return None
     manifest: dict[str, Any] = json.loads(path.read_text())
     return manifest
+
+
+def seed_in(directory: Path) -> int:
+    """The curriculum seed of the test set in ``directory``: the reserved test seed where that set is
+    there (the shipped folder also holds the validation set), else the folder's only set."""
+    suffix = f"-v{TESTSET_VERSION}.manifest.json"
+    names = [p.name[len(_PREFIX) : -len(suffix)] for p in directory.glob(f"{_PREFIX}*{suffix}")]
+    seeds = sorted(int(n) for n in names if n.isdigit())
+    if TEST_SEED in seeds:
+        return TEST_SEED
+    if len(seeds) == 1:
+        return seeds[0]
+    if not seeds:
+        raise TestSetError(f"no test set in {directory}: build one with `prmloop testset build --out {directory}`")
+    raise TestSetError(f"{directory} holds test sets of seeds {seeds}: pass --seed to choose one")
 
 
 def load_testset(directory: Path = SHIPPED_DIR, seed: int = TEST_SEED) -> tuple[dict[str, Any], list[PoolItem]]:

@@ -68,3 +68,47 @@ def test_a_retrain_is_scored_on_the_test_set_and_promoted_unless_worse_beyond_no
     assert second["promoted"] == (found["val_diff_hi"] >= 0.0)  # not worse unless the whole interval is below 0
     said = "promoted: not worse beyond noise" if second["promoted"] else "not promoted: worse beyond noise"
     assert second["decision"].startswith(said), second["decision"]
+
+
+def test_testset_score_on_a_set_of_another_seed_sets_the_reported_f1_beside_the_fresh_one(tmp_path: Path) -> None:
+    """The re-score check: the PRM in force scored on a set built anew (here the shipped validation set's
+    seed, copied into a folder of its own) names that set, and the gap to the test F1 it registered with."""
+    import json
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+    from prmloop.flows.pools.testset import SHIPPED_DIR, read_manifest
+
+    store = DuckEventStore(tmp_path / "loop.duckdb")
+    summary, event = train_register_ensemble(
+        _examples(6, 0),
+        snapshot_id="s1",
+        db=str(store.path),
+        out_dir=tmp_path / "prm",
+        config=EnsembleConfig(heads=4, epochs=20, threads=1),
+        spec=FeatureSpec(),
+        eval_set="arith",
+        eval_limit=6,
+        threads=1,
+    )
+    store.write_batch(events_to_arrow([ConsumedEvent(event, "models.registered", 0, 0, 0)]), [("m", 0, 1)])
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    for path in SHIPPED_DIR.glob("arith-smollm2-seed1000-*"):
+        shutil.copy(path, fresh / path.name)
+    result = CliRunner().invoke(app, ["testset", "score", "--db", str(store.path), "--dir", str(fresh)])
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    other = read_manifest(fresh, 1000)
+    assert other is not None and line["test_set"].startswith(other["file"])
+    assert line["test"]["all"]["n"] == other["solutions"]
+    reported = summary["metrics"]["test_f1"]
+    assert line["reported"]["f1"] == pytest.approx(reported)
+    assert line["f1_minus_reported"] == pytest.approx(line["test"]["all"]["f1"] - reported, abs=1e-4)
+    # the shipped folder itself: the test set, and no gap line (the same solutions it reported on)
+    again = CliRunner().invoke(app, ["testset", "score", "--db", str(store.path)])
+    assert again.exit_code == 0, again.output
+    same = json.loads(again.stdout.strip().splitlines()[-1])
+    assert same["test"]["all"]["f1"] == pytest.approx(reported) and "f1_minus_reported" not in same

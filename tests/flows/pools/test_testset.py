@@ -19,6 +19,7 @@ from prmloop.flows.pools.testset import (
     build_testset,
     load_testset,
     read_manifest,
+    seed_in,
 )
 from prmloop.models.arith import arith_question_id, generate_question
 from prmloop.models.arith.corrupt import corrupted_solution
@@ -143,3 +144,17 @@ def test_the_shipped_features_fill_a_fresh_cache_for_the_default_spec(tmp_path: 
     other = FeatureCache(tmp_path / "other", FeatureSpec(layers=(1.0,)))
     assert seed_features(other) == 0  # another spec computes its own
     assert SHIPPED_DIR.is_dir()
+
+
+def test_a_folder_names_its_set_by_seed_and_an_ambiguous_one_asks_for_seed(tmp_path: Path) -> None:
+    assert seed_in(SHIPPED_DIR) == TEST_SEED  # the validation set beside it does not make it ambiguous
+    _cache(tmp_path / "cache", questions=2)
+    build_testset(tmp_path / "one", questions=2, seed=SEED, levels=(1,), cache=tmp_path / "cache")
+    assert seed_in(tmp_path / "one") == SEED
+    with pytest.raises(TestSetError, match=r"no test set in .*prmloop testset build"):
+        seed_in(tmp_path / "cache")
+    two = tmp_path / "one"
+    (two / "arith-smollm2-seed77-v1.manifest.json").write_text("{}")
+    with pytest.raises(TestSetError, match=r"seeds \[77, 4242\]: pass --seed") as caught:
+        seed_in(two)
+    assert "\n" not in str(caught.value)
