@@ -3,7 +3,7 @@
 ``store`` (broker, topics, sink, sql, reconcile), ``pipeline`` (prioritize, sample, score, annotate,
 judge, consensus, simulate, import, serve, demo), ``stack`` (up, down, deployments),
 ``prm`` (dataset, train, retrain, models), ``loop`` (run: the loop as a stream), ``credentials`` (kafka,
-prefect, engine), ``testset`` (build, show, score), ``bench`` and
+prefect, engine), ``testset`` (build, show, score), ``bench`` (``bench_learning``: active, learn, deep) and
 ``evals``. :func:`main` is the console entry point.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 from pydantic import ValidationError
 
-from prmloop.flows.cli import bench, credentials, evals, loop, pipeline, prm, stack, store, testset
+from prmloop.flows.cli import bench, bench_learning, credentials, evals, loop, pipeline, prm, stack, store, testset
 from prmloop.flows.cli.app import app, print_error
 from prmloop.flows.cli.options import validation_message
 from prmloop.store.auth.credentials import CredentialsError
@@ -26,6 +26,7 @@ __all__ = ["app", "main"]
 
 _COMMAND_GROUPS = (
     bench,
+    bench_learning,
     credentials,
     evals,
     loop,

@@ -53,6 +53,11 @@ DbOption = Annotated[
 ]
 
 
+def progress_line(line: str) -> None:
+    """A long command's progress line, on stderr (its result goes to stdout), printed as it is."""
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def print_error(message: str) -> None:
     """``error: message`` as one line on stderr: never wrapped, data never read as markup."""
     line = " ".join(message.split())

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import bench_app, err
+from prmloop.flows.cli.app import bench_app, err, progress_line
 
 
 @bench_app.command("sink")
@@ -43,11 +43,6 @@ def bench_sink_cmd(  # noqa: PLR0917 - one parameter per command-line option
     typer.echo(json.dumps({**result, "store": "duckdb", "sinks": 1}))
 
 
-def _say(line: str) -> None:
-    """A bench's progress line, on stderr (its JSON line goes to stdout)."""
-    err.print(line, markup=False, highlight=False, soft_wrap=True)
-
-
 @bench_app.command("generate")
 def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
     quick: Annotated[bool, typer.Option(help="4 questions x 32 tokens (--wrapper: 4 x 32, one repeat)")] = False,
@@ -78,7 +73,6 @@ def bench_generate_cmd(  # noqa: PLR0917 - one parameter per command-line option
 
         typer.echo(json.dumps(bench_generate(quick, model=model, threads=threads, seed=seed)))
         return
-    from prmloop.flows.cli.app import err
     from prmloop.flows.lab.bench.generate_engines import bench_engines
 
     say = lambda line: err.print(f"bench generate: {line}", markup=False, highlight=False)  # noqa: E731
@@ -177,7 +171,7 @@ def bench_loop_cmd(
             levels=levels,
             seed=seed,
             threads=threads,
-            say=_say,
+            say=progress_line,
         )
         typer.echo(json.dumps(result, default=str))
         return
@@ -194,121 +188,6 @@ def bench_loop_cmd(
     typer.echo(json.dumps(bench_loop(settings, repeats=repeats)))
 
 
-#: ``bench active --quick``: curriculum questions per level and MC-labelled solutions of its arith pools
-#: (the first questions of the full pools: what a quick run samples, a full run reuses), and the minutes
-#: of model work (sampling, MC rollouts, features) it may spend building pools the cache lacks.
-QUICK_ARITH_QUESTIONS, QUICK_MC_LIMIT, QUICK_BUILD_MINUTES = 8, 24, 5.0
-
-
-@bench_app.command("active")
-def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
-    pool: Annotated[
-        str, typer.Option(help="processbench (human labels), arith (exact labels), arith-mc (MC labels, tokens), all")
-    ] = "all",
-    quick: Annotated[
-        bool,
-        typer.Option(
-            help=f"4 budgets, 16 heads, small arith pools ({QUICK_ARITH_QUESTIONS} questions per level, "
-            f"{QUICK_MC_LIMIT} MC labels); pools whose build would take over --max-build-minutes "
-            f"({QUICK_BUILD_MINUTES:.0f} with --quick) are skipped, saying what they cost"
-        ),
-    ] = False,
-    seeds: Annotated[int, typer.Option(help="random seeds per arm (first labelled set and head initialisation)")] = 5,
-    arms: Annotated[str, typer.Option(help="comma-separated: random, actprm, epistemic, aleatoric, priority, full")] = (
-        "random,actprm,epistemic,aleatoric,priority,full"
-    ),
-    arith_questions: Annotated[
-        int | None, typer.Option(help="arith pools: questions sampled per level (default 300; --quick 8)")
-    ] = None,
-    levels: Annotated[str, typer.Option(help="arith pools: curriculum levels, comma-separated")] = "1,2,3,4,5",
-    mc_limit: Annotated[
-        int | None, typer.Option(help="arith-mc: pool-half solutions labelled by MC rollouts (default 160; --quick 24)")
-    ] = None,
-    label_quality: Annotated[bool, typer.Option(help="arith-mc: also MC vs consensus vs exact labels")] = True,
-    order: Annotated[
-        str,
-        typer.Option(
-            help="uncertainty arms: rank (most uncertain first) or filter (ActPRM Alg. 1: random order, "
-            "confident ones passed over)"
-        ),
-    ] = "rank",
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="what samples and MC-labels pools the cache lacks: auto (vLLM if it can), vllm, transformers"
-        ),
-    ] = "auto",
-    max_build_minutes: Annotated[
-        float | None,
-        typer.Option(
-            help="skip pools whose build (sampling, MC, features) is estimated to take longer (default: none)"
-        ),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="folder for the PNG of the learning curves")] = Path("out/bench-active"),
-    threads: Annotated[int | None, typer.Option(help="torch CPU threads for the backbone and the sampler")] = None,
-) -> None:
-    """Learning curves of the ensemble PRM under each labelling order, against labels known to be true.
-
-    Pool-based active learning: the pool half is labelled in each arm's order, the held-out half scores
-    (ProcessBench protocol); actprm minus random gets a 95 % interval over the seeds (paired t and
-    bootstrap). Sampled pools, MC labels and backbone features are computed once and cached under
-    $PRMLOOP_HOME (an arith pool's first run samples SmolLM2 on the vLLM engine where it runs, else on
-    transformers; arith-mc also runs MC rollouts): what a build will cost is said before it starts.
-    Progress goes to stderr; one JSON line to stdout.
-    """
-    from prmloop.flows.lab.bench.active import ActiveSettings
-    from prmloop.flows.lab.bench.active_run import bench_active
-    from prmloop.flows.pools.build import POOLS
-    from prmloop.flows.pools.sampling import ENGINES
-    from prmloop.models.prm.ensemble import EnsembleConfig
-    from prmloop.store.settings import StateSettings
-
-    if order not in ("rank", "filter"):
-        raise typer.BadParameter(f"--order {order!r}: choose rank or filter")
-    if engine not in ENGINES:
-        raise typer.BadParameter(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
-    names = list(POOLS) if pool == "all" else [pool]
-    if any(name not in POOLS for name in names):
-        raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
-    try:
-        level_list = tuple(sorted({int(x) for x in levels.split(",") if x.strip()}))
-    except ValueError:
-        level_list = ()
-    if not level_list or not set(level_list) <= {1, 2, 3, 4, 5}:
-        raise typer.BadParameter(f"--levels {levels!r}: give curriculum levels 1-5, comma-separated")
-    settings = ActiveSettings(
-        arms=tuple(a.strip() for a in arms.split(",") if a.strip()),
-        budgets=(0.1, 0.2, 0.35, 0.5) if quick else (0.05, 0.1, 0.2, 0.3, 0.5, 0.75),
-        seeds=seeds,
-        ensemble=EnsembleConfig(threads=1, heads=16) if quick else EnsembleConfig(threads=1),
-        arith_questions=arith_questions or (QUICK_ARITH_QUESTIONS if quick else 300),
-        arith_levels=level_list,
-        mc_limit=mc_limit or (QUICK_MC_LIMIT if quick else 160),
-        threads=threads,
-        order=order,
-        engine=engine,
-    )
-
-    try:
-        results = bench_active(
-            names,
-            settings,
-            root=StateSettings().home / "bench" / "active",
-            out_dir=out,
-            budget_minutes=max_build_minutes
-            if max_build_minutes is not None
-            else (QUICK_BUILD_MINUTES if quick else None),
-            with_label_quality=label_quality,
-            say=_say,
-        )
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    one = len(names) == 1 and set(results) <= {names[0], "skipped"}
-    summary: dict[str, object] = {"bench": "active", "quick": quick}
-    summary |= results[names[0]] if one else results
-    typer.echo(json.dumps(summary))
-
-
 @bench_app.command("broker")
 def bench_broker_cmd(
     n: Annotated[int, typer.Option(help="events produced and consumed per storage")] = 20_000,
@@ -321,34 +200,6 @@ def bench_broker_cmd(
     from prmloop.flows.lab.bench.broker import bench_broker_storage
 
     typer.echo(json.dumps(bench_broker_storage(n, batch=batch, dsn=dsn)))
-
-
-@bench_app.command("learn")
-def bench_learn_cmd(
-    *,
-    db: Annotated[str | None, typer.Option(help="the loop's store (default: this home's)")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="head seeds per arm and budget (random: that many draws too)")] = 3,
-    budgets: Annotated[
-        str | None, typer.Option(help="accepted-label budgets, e.g. 15,30,60 (default: doubling from 15)")
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for training and features")] = None,
-    out: Annotated[Path | None, typer.Option(help="also write the result here as indented JSON")] = None,
-) -> None:
-    """From a loop's store: test F1 (95 % interval) against accepted labels and generated tokens for the
-    loop's consensus labels, exact labels of the same solutions (oracle) and exact labels of random
-    solutions the loop sampled; and where the loop's labels fell. One JSON line."""
-    from prmloop.flows.cli.app import db_path
-    from prmloop.flows.lab.bench.learn import bench_learn, write_json
-
-    try:
-        chosen = [int(v) for v in budgets.split(",")] if budgets else None
-    except ValueError:
-        raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
-
-    result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=_say)
-    if out is not None:
-        write_json(out, result)
-    typer.echo(json.dumps(result))
 
 
 @bench_app.command("replay")
@@ -372,7 +223,7 @@ def bench_replay_cmd(
     folder = requests or StateSettings().home / "requests"
 
     try:
-        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=_say)
+        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=progress_line)
     except (ValueError, OSError, EngineError) as exc:
         print_error(f"bench replay: {exc}")
         raise typer.Exit(1) from None
@@ -401,6 +252,6 @@ def bench_stalls_cmd(  # noqa: PLR0917 - one parameter per command-line option
         interval=interval,
         query_seconds=query_seconds,
         rate=rate,
-        say=_say,
+        say=progress_line,
     )
     typer.echo(json.dumps(result))

@@ -10,7 +10,17 @@ from typing import Annotated, Any
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, bench_app, db_path, err, eval_app, store_label, usage_error
+from prmloop.flows.cli.app import (
+    DbOption,
+    app,
+    bench_app,
+    db_path,
+    err,
+    eval_app,
+    progress_line,
+    store_label,
+    usage_error,
+)
 from prmloop.flows.cli.output import OutputFormat
 from prmloop.store.settings import StateSettings
 
@@ -35,10 +45,6 @@ def _ratios(text: str) -> tuple[float, float, float]:
     except ValueError:
         raise typer.BadParameter(f"--ratios takes three numbers like 0.8,0.1,0.1, not {text!r}") from None
     return a, b, c
-
-
-def _say(line: str) -> None:
-    err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @dataset_app.command("snapshot")
@@ -70,7 +76,9 @@ def snapshot(
         "generator": generator,
     }
     manifest = write_snapshot(rows, _root(root), selection=selection, ratios=_ratios(ratios))
-    _say(f"snapshot {manifest['snapshot_id']}: {manifest['rows']} rows in {_root(root) / manifest['snapshot_id']}")
+    progress_line(
+        f"snapshot {manifest['snapshot_id']}: {manifest['rows']} rows in {_root(root) / manifest['snapshot_id']}"
+    )
     typer.echo(json.dumps(manifest))
 
 
@@ -95,10 +103,10 @@ def import_(
     for file in files:
         found, errors = import_rows(kind, file)
         for message in errors[:20]:
-            _say(message)
+            progress_line(message)
         if len(errors) > 20:
-            _say(f"... and {len(errors) - 20} more problems in {file}")
-        _say(f"{file}: {len(found)} solutions read, {len(errors)} problem{'' if len(errors) == 1 else 's'}")
+            progress_line(f"... and {len(errors) - 20} more problems in {file}")
+        progress_line(f"{file}: {len(found)} solutions read, {len(errors)} problem{'' if len(errors) == 1 else 's'}")
         rows.extend(found)
     if not rows:
         raise ValueError(f"nothing imported: no usable {kind} solution in {', '.join(str(f) for f in files)}")
@@ -155,7 +163,7 @@ def list_models(
         print_rows(columns, [[r[c] for c in columns] for r in rows], fmt, err=err)
         return
     if not rows:
-        _say("no models registered yet: `prmloop retrain` trains and registers one")
+        progress_line("no models registered yet: `prmloop retrain` trains and registers one")
     for kind in dict.fromkeys(r["kind"] for r in rows):
         _kind_table(kind, [r for r in rows if r["kind"] == kind])
 
@@ -240,12 +248,12 @@ def train_prm_cmd(
         threads=threads,
     )
     examples = examples_of(snapshot)
-    _say(f"training on {len(examples)} solutions of {snapshot}")
+    progress_line(f"training on {len(examples)} solutions of {snapshot}")
     result = train_prm(
         examples,
         config,
         out,
-        on_step=lambda m: _say(
+        on_step=lambda m: progress_line(
             f"step {int(m['step'])} loss {m['loss']:.4f} "
             f"({m['steps_per_s']:.2f} steps/s, {m['tokens_per_s']:.0f} tokens/s)"
         ),
@@ -338,7 +346,7 @@ def eval_processbench_cmd(
         if prm
         else PRM.create(_config(threads=threads))
     )
-    result = eval_processbench(model.score_solutions, limit=limit, holdout=holdout, progress=_say)
+    result = eval_processbench(model.score_solutions, limit=limit, holdout=holdout, progress=progress_line)
     result["prm"] = str(prm) if prm else "base model, untrained adapter"
     if bon:
         result["best_of_n"] = best_of_n(model.score_solutions, problems=bon)

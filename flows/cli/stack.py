@@ -9,14 +9,10 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import DbOption, app, db_path, err, usage_error
+from prmloop.flows.cli.app import DbOption, app, db_path, progress_line, usage_error
 
 deployments_app = typer.Typer(help="The loop's Prefect deployments on this machine.", no_args_is_help=True)
 app.add_typer(deployments_app, name="deployments")
-
-
-def _say(line: str) -> None:
-    err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -65,7 +61,7 @@ def up(  # noqa: PLR0917 (typer's options)
 
         if cluster_engine not in ("simulator", "model"):
             raise typer.BadParameter(f"{cluster_engine!r}: write simulator or model", param_hint="--cluster-engine")
-        typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=_say)))
+        typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=progress_line)))
         return
     from prmloop.flows.ops.stack import STACK_SERVICES
     from prmloop.flows.ops.stack import up as start
@@ -78,10 +74,12 @@ def up(  # noqa: PLR0917 (typer's options)
     if engine == "vllm" and "engine" not in services:
         services.insert(0, "engine")
     _engine_threads(engine_threads)
-    summary = start(services, say=_say)
+    summary = start(services, say=progress_line)
     prefect = summary["running"].get("prefect")
     if prefect:
-        _say(f"Prefect UI: {prefect['url'].removesuffix('/api')}  (prmloop commands now report their flow runs there)")
+        progress_line(
+            f"Prefect UI: {prefect['url'].removesuffix('/api')}  (prmloop commands now report their flow runs there)"
+        )
     typer.echo(json.dumps(summary))
 
 
@@ -93,9 +91,9 @@ def _auto_engine(only: bool, without_engine: bool) -> str:
         return "transformers"
     reason = engine_unavailable()
     if reason is not None:
-        _say(f"engine: transformers in each service (vLLM engine unavailable: {reason})")
+        progress_line(f"engine: transformers in each service (vLLM engine unavailable: {reason})")
         return "transformers"
-    _say("engine: the vLLM engine, shared by the services (--engine transformers: each loads its own model)")
+    progress_line("engine: the vLLM engine, shared by the services (--engine transformers: each loads its own model)")
     return "vllm"
 
 
@@ -120,9 +118,9 @@ def engine(
     from prmloop.flows.ops.stack import up as start
 
     _engine_threads(threads)
-    summary = start(["engine"], say=_say)
+    summary = start(["engine"], say=progress_line)
     url = summary["running"]["engine"]["url"]
-    _say(f"vLLM engine: {url}  (one command: prmloop sample --backend openai --base-url {url})")
+    progress_line(f"vLLM engine: {url}  (one command: prmloop sample --backend openai --base-url {url})")
     typer.echo(json.dumps({**summary, "environment": service_environment(url)}))
 
 
@@ -137,10 +135,10 @@ def down(
     if cluster:
         from prmloop.flows.ops.cluster import cluster_down
 
-        typer.echo(json.dumps({"stopped": cluster_down(grace_s=grace, say=_say)}))
+        typer.echo(json.dumps({"stopped": cluster_down(grace_s=grace, say=progress_line)}))
         return
 
-    typer.echo(json.dumps({"stopped": stop(grace_s=grace, say=_say)}))
+    typer.echo(json.dumps({"stopped": stop(grace_s=grace, say=progress_line)}))
 
 
 @deployments_app.command("serve")
@@ -181,7 +179,7 @@ def screenshots(
     auth = os.environ.get("PREFECT_API_AUTH_STRING") or load_credentials().prefect_auth_string
     files = take_screenshots(target, out, wait_ms=int(wait * 1000), auth_string=auth)
     for name, path in files.items():
-        _say(f"{name}: {path}")
+        progress_line(f"{name}: {path}")
     typer.echo(json.dumps(files))
 
 

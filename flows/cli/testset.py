@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from prmloop.flows.cli.app import app, err
+from prmloop.flows.cli.app import app, progress_line
 
 testset_app = typer.Typer(
     help="The test set nothing trains or promotes on: build it, show its manifest, score a PRM on it.",
@@ -18,10 +18,6 @@ app.add_typer(testset_app, name="testset")
 
 
 _SEED_HELP = "which set of the folder, by its curriculum seed (default: the test seed, else the folder's only set)"
-
-
-def _say(line: str) -> None:
-    err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @testset_app.command("build")
@@ -58,10 +54,10 @@ def build(
         levels=chosen,
         engine=engine,
         threads=threads,
-        say=_say,
+        say=progress_line,
     )
     if features:
-        manifest["features"] = write_features(out or SHIPPED_DIR, seed=seed, threads=threads, say=_say)
+        manifest["features"] = write_features(out or SHIPPED_DIR, seed=seed, threads=threads, say=progress_line)
     typer.echo(json.dumps(manifest))
 
 
@@ -121,7 +117,7 @@ def score(
     from prmloop.store.settings import StateSettings
 
     model_obj = EnsemblePRM.load(prm, cache_dir=StateSettings().features_dir, threads=threads)
-    result = score_on_test(model_obj, threads=threads, say=_say, directory=directory, seed=seed)
+    result = score_on_test(model_obj, threads=threads, say=progress_line, directory=directory, seed=seed)
     line = {"prm": str(prm), **result}
     fresh = result["test"]["all"]["f1"]
     if directory is not None and reported and fresh is not None:
