@@ -178,7 +178,8 @@ def bench_deep_cmd(
     """Would a deeper PRM learn more from the same labels? Heads on the frozen middle layer (the loop's),
     on more layers, a LoRA PRM, and heads on the LoRA-tuned backbone, trained on exact labels of half the
     test set's questions and scored on the other half: F1 with its interval and the paired difference
-    to the frozen arm. One JSON line (about 25 minutes for the defaults on 2 cores)."""
+    to the frozen arm. One JSON line (27 minutes for the defaults on 2 cores, most of it LoRA; `--arms
+    frozen`: seconds)."""
     from prmloop.flows.lab.bench.deep import ARMS, bench_deep
     from prmloop.flows.lab.bench.learn import write_json
 
