@@ -36,8 +36,8 @@ from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
 from prmloop.models.prm.features import FeatureSpec
-from prmloop.models.prm.pool_items import PoolItem, held_out_f1, predict_first_errors, split_pool
-from prmloop.models.prm.scoreboard import f1_report, paired_f1_diff
+from prmloop.models.prm.pool_items import PoolItem, held_out_f1, items_f1_report, predict_first_errors, split_pool
+from prmloop.models.prm.scoreboard import paired_f1_diff
 from prmloop.store.events import Envelope, ModelRef
 from prmloop.store.settings import StateSettings
 from prmloop.store.tables.registry import PROMOTION_METRIC, current_model, model_registered, should_promote
@@ -251,9 +251,7 @@ def score_on_test(
         say(f"test set: features of {len(prm.cache) - cached} solutions computed in {seconds:.0f}s (now cached)")
     features = dict(zip([i.key for i in items], vectors, strict=True))
     predicted = predict_first_errors(prm, items, features)
-    report = f1_report(
-        predicted, [i.first_error for i in items], [i.question for i in items], [i.subset for i in items]
-    )
+    report = items_f1_report(predicted, items)
     return {"test_set": f"{manifest['file']}@{manifest['sha256'][:12]}", "test": report}
 
 

@@ -19,7 +19,15 @@ from prmloop.models.prm.ensemble_prm import EnsemblePRM
 from prmloop.models.prm.evaluate import first_below
 from prmloop.models.processbench import processbench_f1
 
-__all__ = ["PoolItem", "example_at", "example_of", "held_out_f1", "predict_first_errors", "split_pool"]
+__all__ = [
+    "PoolItem",
+    "example_at",
+    "example_of",
+    "held_out_f1",
+    "items_f1_report",
+    "predict_first_errors",
+    "split_pool",
+]
 
 
 @dataclass(frozen=True)
@@ -83,3 +91,16 @@ def held_out_f1(prm: EnsemblePRM | None, items: Sequence[PoolItem], features: di
         labels.append(item.first_error)
     scores = [processbench_f1(p, y)["f1"] for p, y in by_subset.values()]
     return float(statistics.fmean(s if s is not None else 0.0 for s in scores))
+
+
+def items_f1_report(predicted: Sequence[int | None], items: Sequence[PoolItem], draws: int = 1) -> dict[str, dict]:
+    """:func:`~prmloop.models.prm.scoreboard.f1_report` of predictions on ``items``, ``draws`` models'
+    predictions pooled (one block of ``len(items)`` per model, in the items' order)."""
+    from prmloop.models.prm.scoreboard import f1_report
+
+    return f1_report(
+        predicted,
+        [i.first_error for i in items] * draws,
+        [i.question for i in items] * draws,
+        [i.subset for i in items] * draws,
+    )

@@ -113,8 +113,8 @@ def bench_deep(
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
     from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
-    from prmloop.models.prm.pool_items import example_at, predict_first_errors
-    from prmloop.models.prm.scoreboard import f1_report, paired_f1_diff
+    from prmloop.models.prm.pool_items import example_at, items_f1_report, predict_first_errors
+    from prmloop.models.prm.scoreboard import paired_f1_diff
     from prmloop.store.settings import StateSettings
 
     unknown = [a for a in arms if a not in ARMS]
@@ -135,9 +135,6 @@ def bench_deep(
         f"bench deep: arms {', '.join(arms)}; budgets {budgets}; training pool {len(train_pool)}, held out "
         f"{len(held)} (test set {manifest['file']}, split seed {split_seed})"
     )
-    truth = [i.first_error for i in held]
-    questions = [i.question for i in held]
-    subsets = [i.subset for i in held]
     features_dir = StateSettings().features_dir
 
     drawn = {i.key: i for n in budgets for d in range(seeds) for i in _draw(train_pool, n, d)}
@@ -168,7 +165,7 @@ def bench_deep(
         return predict_first_errors(prm, held, features)
 
     def row(arm: str, n: int, predicted: list[int], draws: int, since: float, **extra: Any) -> dict[str, Any]:
-        report = f1_report(predicted, truth * draws, questions * draws, subsets * draws)
+        report = items_f1_report(predicted, held, draws)
         by_level = {k: v["f1"] for k, v in report.items() if k != "all"}
         out = {"arm": arm, "labels": n, **{k: report["all"][k] for k in ("f1", "lo", "hi")}, "by_level": by_level}
         out |= {"draws": draws, **extra, "seconds": round(time.monotonic() - since, 1)}
@@ -215,6 +212,7 @@ def bench_deep(
         base = first_draw.get(("frozen", r["labels"]))
         if r["arm"] != "frozen" and base is not None:
             try:
+                truth, questions = [i.first_error for i in held], [i.question for i in held]
                 diff = paired_f1_diff(first_draw[(r["arm"], r["labels"])], base, truth, questions)
             except ValueError:  # a held-out sample without both kinds of solution has no F1
                 continue

@@ -182,8 +182,7 @@ def bench_learn(
     from prmloop.models.prm.ensemble import EnsembleConfig
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
     from prmloop.models.prm.features import FeatureCache, FeatureSpec
-    from prmloop.models.prm.pool_items import example_at, predict_first_errors
-    from prmloop.models.prm.scoreboard import f1_report
+    from prmloop.models.prm.pool_items import example_at, items_f1_report, predict_first_errors
     from prmloop.store.settings import StateSettings
 
     started = time.monotonic()
@@ -201,9 +200,6 @@ def bench_learn(
         f"bench learn: {len(loop_order)} accepted labels, {len(rows)} sampled solutions ({len(exact_pool)} the "
         f"checker decides); budgets {budgets}; {seeds} seeds; test set {manifest['file']} ({len(test)} solutions)"
     )
-    truth = [i.first_error for i in test]
-    questions = [i.question for i in test]
-    subsets = [i.subset for i in test]
     test_features: dict[str, np.ndarray] | None = None
 
     def score(examples: list[Any]) -> dict[str, Any]:
@@ -216,7 +212,7 @@ def bench_learn(
                 vectors = prm.features([i.problem for i in test], [list(i.steps) for i in test])
                 test_features = dict(zip([i.key for i in test], vectors, strict=True))
             predicted += predict_first_errors(prm, test, test_features)
-        report = f1_report(predicted, truth * seeds, questions * seeds, subsets * seeds)
+        report = items_f1_report(predicted, test, seeds)
         by_level = {k: v["f1"] for k, v in report.items() if k != "all"}
         return {"f1": report["all"]["f1"], "lo": report["all"]["lo"], "hi": report["all"]["hi"], "by_level": by_level}
 
