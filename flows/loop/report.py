@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from prmloop.flows.loop.processes import cpu_seconds, rss_mib, rss_summary
+from prmloop.flows.loop.watch import OVERLAP_WIDTHS_S, paced_width
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -116,6 +117,11 @@ class LoopReport:
             "retrains": [r.__dict__ for r in self.status.retrains],
             "feeds": self.status.feeds,
             "stage_overlap": round(totals.stage_overlap(), 3) if totals else 0.0,
+            # the same in wider buckets, and the width that holds two of the sparsest stage's events
+            "stage_overlap_by_width": (
+                {f"{w:g}": round(totals.stage_overlap(w), 3) for w in OVERLAP_WIDTHS_S} if totals else {}
+            ),
+            "stage_overlap_width_s": paced_width(totals.stage_events(), wall) if totals else None,
             "reject_reasons": dict(totals.reject_reasons.most_common(5)) if totals else {},
             "rss_mib": self.status.rss,
             "rss_summary": rss_summary(self.status.rss),

@@ -41,7 +41,9 @@ __all__ = [
     "CommittedOffsets",
     "EngineMeter",
     "EventWatch",
+    "StageTimeline",
     "overlap",
+    "paced_width",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,11 @@ WATCHED_TOPICS: tuple[str, ...] = tuple(
 #: Seconds per bucket of the activity timeline: a feed publishes its solutions together every few tens
 #: of seconds, so a bucket this wide sees every stage of a loop that streams.
 BUCKET_S = 30.0
+#: Every bucket width the overlap is also counted in: a slower engine spaces each stage's events wider,
+#: and :func:`paced_width` picks the one that fits a run's own pace.
+OVERLAP_WIDTHS_S: tuple[float, ...] = (BUCKET_S, 60.0, 120.0, 240.0)
+#: Events of the sparsest stage a bucket should hold on average for its overlap to say anything.
+EVENTS_PER_BUCKET = 2.0
 #: The stages whose activity in one bucket counts as running at once (:func:`overlap`).
 OVERLAP_STAGES: tuple[str, ...] = ("sample", "annotate", "consensus")
 #: Seconds per bucket of the engine meter's busy samples.
@@ -83,6 +90,53 @@ METER_BUCKET_S = 5.0
 RECENT_S = 600.0
 #: Distinct rejection reasons counted one by one; the rest as "other".
 MAX_REASONS = 50
+
+
+class StageTimeline:
+    """Which :data:`OVERLAP_STAGES` stages produced in each ``width_s`` bucket: two counts and the bucket in
+    progress, so a run of days keeps it small (events arrive in order of time)."""
+
+    def __init__(self, width_s: float) -> None:
+        self.width_s = width_s
+        self.active = 0
+        self.together = 0
+        self.bucket = -1
+        self.stages: set[str] = set()
+
+    def add(self, at: float, stage: str) -> None:
+        bucket = int(at // self.width_s)
+        if bucket != self.bucket:
+            self._close()
+            self.bucket, self.stages = bucket, set()
+        self.stages.add(stage)
+
+    def _close(self) -> None:
+        if self.stages:
+            self.active += 1
+            self.together += all(s in self.stages for s in OVERLAP_STAGES)
+
+    def overlap(self) -> float:
+        """Buckets with every stage over buckets with any (the bucket in progress included)."""
+        active = self.active + bool(self.stages)
+        together = self.together + (bool(self.stages) and all(s in self.stages for s in OVERLAP_STAGES))
+        return together / active if active else 0.0
+
+    def copy(self) -> StageTimeline:
+        out = StageTimeline(self.width_s)
+        out.active, out.together, out.bucket, out.stages = self.active, self.together, self.bucket, set(self.stages)
+        return out
+
+
+def paced_width(stage_events: dict[str, int], wall_s: float) -> float | None:
+    """The narrowest :data:`OVERLAP_WIDTHS_S` width whose buckets hold on average at least
+    :data:`EVENTS_PER_BUCKET` events of the sparsest stage over ``wall_s`` (``None``: none does). On a fast
+    engine that is 30 s; where each stage produces more slowly, a wider bucket, so the overlap measures
+    whether the stages ran at once, not how fast the machine is."""
+    sparsest = min(stage_events.values(), default=0)
+    for width in OVERLAP_WIDTHS_S:
+        if sparsest and wall_s / sparsest * EVENTS_PER_BUCKET <= width:
+            return width
+    return None
 
 
 @dataclass
@@ -100,11 +154,10 @@ class WatchTotals:
     accepted_windows: list[int] = field(default_factory=list)
     reject_reasons: Counter[str] = field(default_factory=Counter)
     labels_by_method: Counter[str] = field(default_factory=Counter)
-    #: buckets with any stage's event, and buckets with every :data:`OVERLAP_STAGES` stage's
-    active_buckets: int = 0
-    overlap_buckets: int = 0
-    bucket: int = -1
-    bucket_stages: set[str] = field(default_factory=set)
+    #: the activity timeline in buckets of each :data:`OVERLAP_WIDTHS_S` width
+    timelines: dict[float, StageTimeline] = field(
+        default_factory=lambda: {w: StageTimeline(w) for w in OVERLAP_WIDTHS_S}
+    )
     #: accepted labels per 10-minute window and curriculum level (``L1`` ...; ``other`` off the curriculum)
     accepted_levels: list[Counter[str]] = field(default_factory=list)
 
@@ -116,20 +169,24 @@ class WatchTotals:
     def accepted(self) -> int:
         return self.counts["LabelsAccepted"]
 
-    def stage_overlap(self) -> float:
-        """Buckets in which every :data:`OVERLAP_STAGES` stage produced, over buckets with any event (the
-        bucket in progress included): 0 for a loop that runs stage after stage, near 1 for one that streams."""
-        active = self.active_buckets + bool(self.bucket_stages)
-        together = self.overlap_buckets + all(s in self.bucket_stages for s in OVERLAP_STAGES)
-        return together / active if active else 0.0
+    def stage_overlap(self, width_s: float = BUCKET_S) -> float:
+        """Buckets of ``width_s`` in which every :data:`OVERLAP_STAGES` stage produced, over buckets with any
+        event: 0 for a loop that runs stage after stage, near 1 for one that streams."""
+        return self.timelines[width_s].overlap()
 
-    def add_stage(self, bucket: int, stage: str) -> None:
-        if bucket != self.bucket:
-            if self.bucket_stages:
-                self.active_buckets += 1
-                self.overlap_buckets += all(s in self.bucket_stages for s in OVERLAP_STAGES)
-            self.bucket, self.bucket_stages = bucket, set()
-        self.bucket_stages.add(stage)
+    def stage_events(self) -> dict[str, int]:
+        """Events of each :data:`OVERLAP_STAGES` stage so far."""
+        out = dict.fromkeys(OVERLAP_STAGES, 0)
+        for event_type, n in self.counts.items():
+            stage = STAGE_OF.get(event_type)
+            if stage in out:
+                out[stage] += n
+        return out
+
+    def add_stage(self, at: float, stage: str) -> None:
+        """A ``stage`` event ``at`` seconds after start, in every width's timeline."""
+        for timeline in self.timelines.values():
+            timeline.add(at, stage)
 
     def add_accepted(self, at: float, question_id: str = "") -> None:
         window = int(at // RECENT_S)
@@ -154,10 +211,7 @@ class WatchTotals:
             list(self.accepted_windows),
             Counter(self.reject_reasons),
             Counter(self.labels_by_method),
-            self.active_buckets,
-            self.overlap_buckets,
-            self.bucket,
-            set(self.bucket_stages),
+            {w: t.copy() for w, t in self.timelines.items()},
             [Counter(c) for c in self.accepted_levels],
         )
 
@@ -229,7 +283,6 @@ class EventWatch:
     def count(self, values: Iterable[bytes | None], now: float | None = None) -> None:
         """Count the events of these records as arriving ``now`` seconds after start (default: now)."""
         now = time.monotonic() - self.started if now is None else now
-        bucket = int(now // BUCKET_S)
         for value in values:
             try:
                 event, _ = decode_stored_form(value or b"")
@@ -241,7 +294,7 @@ class EventWatch:
                 t.counts[event.event_type] += 1
                 stage = STAGE_OF.get(event.event_type)
                 if stage:
-                    t.add_stage(bucket, stage)
+                    t.add_stage(now, stage)
                 if isinstance(p, SolutionSampled):
                     t.sampled_tokens += int(p.completion_tokens)
                     t.correct_solutions += p.correct is True

@@ -168,9 +168,32 @@ def test_the_watch_counts_labels_and_stages_as_they_arrive(kafka_bootstrap: str)
     totals = watch.snapshot()
     assert totals.counts["SolutionSampled"] == 3 and totals.accepted == 2
     assert totals.stage_overlap() == pytest.approx(1 / 3)
+    # 60 s buckets put the sampling at 31 s into bucket 0 with the rest: 1 of 2
+    assert totals.stage_overlap(60.0) == pytest.approx(1 / 2)
+    assert totals.stage_events() == {"sample": 3, "annotate": 2, "consensus": 2}
     assert totals.accepted_windows[0] == 1
     assert totals.accepted_windows == [1, 1] and totals.recent_accepted == [RECENT_S + 60]  # the first aged out
     assert totals.sampled_tokens == sum(decode_event(b).payload.completion_tokens for b in sampled[:3])
+
+
+def test_the_overlap_bucket_follows_the_runs_pace() -> None:
+    from prmloop.flows.loop.watch import StageTimeline, paced_width
+
+    # 20 labels in 600 s: 30 s a label, two a minute: 60 s buckets
+    assert paced_width({"sample": 80, "annotate": 40, "consensus": 20}, 600.0) == 60.0
+    assert paced_width({"sample": 80, "annotate": 40, "consensus": 40}, 600.0) == 30.0
+    assert paced_width({"sample": 80, "annotate": 40, "consensus": 5}, 600.0) == 240.0
+    assert paced_width({"sample": 80, "annotate": 40, "consensus": 4}, 600.0) is None
+    assert paced_width({"sample": 80, "annotate": 0, "consensus": 40}, 600.0) is None
+    # stage after stage in 100 s rounds: 0 in 60 s buckets; streaming: every bucket
+    rounds, stream = StageTimeline(60.0), StageTimeline(60.0)
+    for start in range(0, 600, 100):
+        for offset, stage in ((0, "sample"), (40, "annotate"), (80, "consensus")):
+            rounds.add(start + offset, stage)
+    for at in range(0, 600, 10):
+        stream.add(at, ("sample", "annotate", "consensus")[at // 10 % 3])
+    assert rounds.overlap() == 0.0 and stream.overlap() == 1.0
+    assert StageTimeline(30.0).overlap() == 0.0
 
 
 def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
