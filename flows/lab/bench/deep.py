@@ -119,7 +119,7 @@ def bench_deep(
 
     unknown = [a for a in arms if a not in ARMS]
     if unknown or not arms:
-        raise ValueError(f"arms {list(arms)}: choose from {', '.join(ARMS)}")
+        raise ValueError(f"arms {list(arms)}: choose from {','.join(ARMS)} (comma-separated)")
     if "lora_heads" in arms and "lora" not in arms:
         arms = [*arms, "lora"]  # the heads need the LoRA backbone
     arms = [a for a in ARMS if a in arms]
