@@ -18,10 +18,11 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from prmloop.consumers.annotator_ahead import SearchesAhead
 from prmloop.consumers.annotator_samples import QuestionSamples, rollout_specs
 from prmloop.consumers.annotator_settings import AnnotatorSettings
 from prmloop.consumers.annotator_stats import AnnotatorStats
@@ -212,6 +213,7 @@ class Annotator:
         self.stats = AnnotatorStats()
         self._aborts: Counter[str] = Counter()
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight, thread_name_prefix="annotate")
+        self._ahead: SearchesAhead[tuple[str, Annotation | str]] = SearchesAhead()  # :meth:`look_ahead`'s
         self.starts = SharedStarts()  # MC(s_0) once per question (models/annotation/estimate.py)
         self.samples = QuestionSamples()  # a question's samples, its first rollouts from s_0
         self._specs = rollout_specs(self.completers, self.completer_refs)
@@ -221,14 +223,11 @@ class Annotator:
         return self.stats.counts["unresolved"]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # look-ahead searches not started yet: none
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
-        for c in batch:  # every sample of the batch counts in its question's MC(s_0), before any search
-            payload = c.event.payload
-            scored = payload.scored if isinstance(payload, SolutionSelected) else payload
-            if isinstance(scored, StepsScored):
-                self.samples.add(scored)
+        self._ahead.drop_all_but(batch)
+        self._keep_samples(batch)
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
         skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
         self.stats.count("skipped_by_selection", len(skipped))
@@ -246,14 +245,38 @@ class Annotator:
             return rejected + self._settle(costly, [self._one(c) for c in costly])
         return rejected + self._settle_as_done(costly)
 
+    def look_ahead(self, events: list[ConsumedEvent]) -> None:
+        """Start the next batch's searches (the runtime shows its records as it fetches them ahead) behind
+        this batch's, so a worker whose search ends takes one at once instead of idling until this batch's
+        slowest is done; their labels and offsets still go with the next batch (:mod:`.annotator_ahead`)."""
+        if self.max_in_flight == 1 or self.free_only:
+            return
+        self._keep_samples(events)
+        todo = labelling_order([c for c in events if scored_to_label(c.event.payload) is not None])
+        self._ahead.start((c for c in todo if not _free(c.event.payload)), lambda c: self._pool.submit(self._search, c))
+
+    def _claim(self, consumed: ConsumedEvent) -> Future[tuple[str, Annotation | str]] | None:
+        future = self._ahead.claim(consumed)
+        if future is not None:
+            self.stats.count("started_ahead")
+        return future
+
+    def _keep_samples(self, events: list[ConsumedEvent]) -> None:
+        for c in events:  # every sample counts in its question's MC(s_0), before any search
+            payload = c.event.payload
+            scored = payload.scored if isinstance(payload, SolutionSelected) else payload
+            if isinstance(scored, StepsScored):
+                self.samples.add(scored)
+
     def _settle_as_done(self, costly: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]]:
         """Annotate ``costly`` ``max_in_flight`` at a time and publish each label the moment its search
         ends, not when the batch's slowest search does: consensus and retraining see it at once. The batch's
         offsets are still committed after the last (a restart re-publishes the same ids; the sink keeps one)."""
-        futures = {self._pool.submit(self._one, c): i for i, c in enumerate(costly)}
+        futures = {(self._claim(c) or self._pool.submit(self._search, c)): i for i, c in enumerate(costly)}
         rest: dict[int, tuple[str, Envelope | str | None]] = {}
         for future in as_completed(futures):
-            i, result = futures[future], future.result()
+            i = futures[future]
+            result = self._finish(costly[i], future.result())
             if result[0] == "event":
                 self._settle([costly[i]], [result])
             else:
@@ -280,6 +303,12 @@ class Annotator:
         return rejected
 
     def _one(self, consumed: ConsumedEvent) -> tuple[str, Envelope | str | None]:
+        """Label one solution: the search :meth:`look_ahead` started for it, else one now."""
+        ahead = self._claim(consumed)
+        return self._finish(consumed, ahead.result() if ahead is not None else self._search(consumed))
+
+    def _search(self, consumed: ConsumedEvent) -> tuple[str, Annotation | str]:
+        """The search itself (thread-safe, counts nothing): ``("done", annotation)`` or ``("reject", why)``."""
         scored = scored_to_label(consumed.event.payload)
         assert scored is not None
         reason = self._unlabelable(scored)
@@ -308,6 +337,17 @@ class Annotator:
             )
         except ValueError as error:
             return "reject", f"{scored.solution_id}: {error}"
+        return "done", annotation
+
+    def _finish(
+        self, consumed: ConsumedEvent, searched: tuple[str, Annotation | str]
+    ) -> tuple[str, Envelope | str | None]:
+        """Count a search's outcome and make its event (``event``), or say why not (``reject``, ``abort``, ``skip``)."""
+        kind, annotation = searched
+        if kind == "reject" or isinstance(annotation, str):
+            return "reject", str(annotation)
+        scored = scored_to_label(consumed.event.payload)
+        assert scored is not None
         self.stats.add(annotation)
         if annotation.status == "aborted":
             self._aborts[scored.solution_id] += 1

@@ -19,6 +19,10 @@ Delivery rules (ARCHITECTURE.md): at-least-once delivery, effectively-once effec
   and the failing single records dead-lettered, so no input can make a service exit or retry forever.
 * The handler runs in a worker thread while the consumer's partitions are paused and the main thread
   keeps polling, so minutes of work (MC rollouts) do not cost the group membership.
+* A handler with a ``look_ahead(events)`` method is shown the next batch's decoded events as they are
+  fetched ahead, while it works on this one, so it may start on them early (the annotator's searches).
+  A hint only: the events still come in the next batch, are committed after it, and a failing
+  ``look_ahead`` is logged and changes nothing.
 * SIGTERM/SIGINT finish the batch in hand, commit, and leave the group.
 * A broker that does not answer yet is waited for (:mod:`prmloop.store.kafka.connect`); one from
   ``broker.json`` is followed when replaced (:mod:`prmloop.store.kafka.follow`).
@@ -315,6 +319,21 @@ class ConsumerRuntime(Reconnecting):
             for rec in records:
                 self._ahead[id(rec)] = (rec, self._decode_one(rec, known_topics))
 
+    def _show_ahead(self, records: list[ConsumerRecord]) -> None:
+        """Hand the decoded events of records fetched ahead to the handler's ``look_ahead``, if it has one."""
+        look_ahead = getattr(self.handler, "look_ahead", None)
+        if look_ahead is None or not records:
+            return
+        events = [
+            decoded[1] for r in records if (decoded := self._ahead.get(id(r), (r, None))[1]) and decoded[0] == "good"
+        ]
+        if not events:
+            return
+        try:
+            look_ahead(events)
+        except Exception as exc:  # noqa: BLE001 - a hint: the events come again in the next batch
+            log.warning("%s: look_ahead failed (%r); the next batch starts them as usual", self.name, exc)
+
     def _decode_one(self, rec: ConsumerRecord, known_topics: set[str]) -> Decoded:
         return decode_record(rec, known_topics, check_topic=self.check_topic)
 
@@ -385,7 +404,9 @@ class ConsumerRuntime(Reconnecting):
                     polled = self._consumer.poll(timeout_ms=20, max_records=room)
                     for recs in polled.values():
                         self._prefetched.extend(recs)
-                    self._decode_ahead([r for recs in polled.values() for r in recs])
+                    fetched = [r for recs in polled.values() for r in recs]
+                    self._decode_ahead(fetched)
+                    self._show_ahead(fetched)
                     continue
                 if time.monotonic() - started < self.pause_after_s:
                     wait([future], timeout=0.02)

@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from pydantic import ValidationError
 from prmloop.consumers.annotator import Annotator
 from prmloop.consumers.annotator_settings import AnnotatorSettings
 from prmloop.flows.lab.bench.annotator import scored_simulated_events
+from prmloop.models.annotation.completer import Rollout
 from prmloop.models.annotation.strategies import AdaptiveBinarySearch
 from prmloop.models.simulator import SimulatedCompleter, SimulatedSolution, simulate_solutions
 from prmloop.producers.simulated import SIMULATOR_REF, simulated_solution_id
@@ -158,6 +161,50 @@ def test_solutions_in_flight_get_the_labels_they_get_one_at_a_time() -> None:
         results.append(labels)
     assert results[0] == results[1]
     assert len(results[0]) == 8
+
+
+def test_searches_started_ahead_give_the_same_labels_for_the_same_rollouts() -> None:
+    """``look_ahead`` starts the next batch's searches early; that batch then publishes exactly the labels
+    it publishes without, asking the completer no rollout more. A look-ahead of records the next batch
+    does not bring is dropped, and those solutions are searched anew (and labelled) when they come."""
+    solutions = simulate_solutions(8, seed=78)
+    _, events = scored_simulated_events(solutions, 78)
+    batch = [ConsumedEvent(e, StepsScored.TOPIC, 0, i, 0) for i, e in enumerate(events)]
+    costly = sum(not e.payload.correct for e in events)  # type: ignore[union-attr]
+    assert costly > 0
+
+    class Counting(SimulatedCompleter):
+        calls = 0
+
+        def complete(self, question: str, steps: Sequence[str], n: int) -> list[Rollout]:
+            with lock:
+                Counting.calls += 1
+            return super().complete(question, steps, n)
+
+    lock = threading.Lock()
+    results = []
+    for ahead in (False, True, "dropped"):
+        Counting.calls = 0
+        published: list[list[Envelope]] = []
+        handler = Annotator(
+            AdaptiveBinarySearch(), [Counting(solutions, seed=78)], [SIMULATOR_REF], published.append, max_in_flight=3
+        )
+        if ahead:
+            handler.look_ahead(batch[:4] if ahead == "dropped" else batch)
+        assert list(handler(batch[4:] if ahead == "dropped" else batch)) == []
+        if ahead == "dropped":
+            assert list(handler(batch[:4])) == []  # its look-ahead was dropped: searched anew
+        handler.close()
+        started_ahead = handler.stats.counts["started_ahead"]
+        assert started_ahead == (costly if ahead is True else 0), handler.stats.counts
+        labels = {e.payload.solution_id: e.payload.model_dump() for events in published for e in events}  # type: ignore[union-attr]
+        for label in labels.values():
+            label["cost"].pop("wall_time_s")
+        results.append((labels, Counting.calls))
+    assert results[0][0] == results[1][0] and len(results[0][0]) == 8
+    # the simulator draws each prefix's rollouts in turn, so a dropped search that ran leaves other draws
+    assert set(results[2][0]) == set(results[0][0])
+    assert results[0][1] == results[1][1] > 0  # not one rollout repeated or added
 
 
 def test_a_batch_larger_than_the_searches_in_flight_is_taken_at_once_and_labelled_once(

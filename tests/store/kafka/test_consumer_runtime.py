@@ -211,6 +211,49 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
     assert not runtime._ahead  # nothing left behind
 
 
+def test_a_handler_that_looks_ahead_is_shown_the_next_batch_and_still_gets_every_event_once(
+    kafka_bootstrap: str,
+) -> None:
+    """``look_ahead`` sees the events fetched ahead while a batch is handled (the poison not among them);
+    each still comes once in its own batch, in order, and one failing look-ahead changes nothing."""
+    topic = _topic(1, kafka_bootstrap)
+    values = [_event(i) if i % 10 else b"\xff not json" for i in range(1, 41)]
+    _send(kafka_bootstrap, topic, values)
+
+    class Handler:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+            self.shown: list[str] = []
+            self.shown_before_handled = 0
+
+        def __call__(self, batch: list[ConsumedEvent]) -> None:
+            time.sleep(0.3)  # slow enough for the next batch to be fetched meanwhile
+            ids = [c.event.correlation_id for c in batch]
+            self.shown_before_handled += sum(i in self.shown for i in ids)
+            self.seen.extend(ids)
+
+        def look_ahead(self, events: list[ConsumedEvent]) -> None:
+            self.shown.extend(c.event.correlation_id for c in events)
+            if len(self.shown) <= 9:
+                raise RuntimeError("a look-ahead that fails")
+
+    handler = Handler()
+    runtime = ConsumerRuntime(
+        topics=[topic],
+        group_id=f"g-{topic}",
+        bootstrap_servers=kafka_bootstrap,
+        handler=handler,
+        assign_all=True,
+        max_batch=10,
+    )
+    _run_until(runtime, lambda: len(handler.seen) >= 36)
+    expected = [f"q{i}" for i in range(1, 41) if i % 10]
+    assert handler.seen == expected
+    assert handler.shown and set(handler.shown) <= set(expected) and len(set(handler.shown)) == len(handler.shown)
+    assert handler.shown_before_handled == len(handler.shown)  # each was shown before its batch came
+    assert runtime.stats.dead_lettered == 4
+
+
 def _watched_runtime(topic: str, servers: str, handler: Callable[[list[ConsumedEvent]], None]) -> ConsumerRuntime:
     """A runtime whose stall watch acts after 3 s, in a short session: a member it replaces (silently,
     as every member leaves) is out of the group when its 4 s session expires, not 10 s."""
