@@ -196,6 +196,7 @@ class Annotator:
         checker: AnswerChecker = exact_match,
         max_in_flight: int = 1,
         max_aborts: int = 3,
+        look_ahead: bool = True,
         free_only: bool = False,
         reuse_samples: bool = True,
     ) -> None:
@@ -208,6 +209,7 @@ class Annotator:
         self.checker = checker
         self.max_in_flight = max_in_flight
         self.max_aborts = max_aborts
+        self.looks_ahead = look_ahead
         self.free_only = free_only
         self.reuse_samples = reuse_samples
         self.stats = AnnotatorStats()
@@ -227,7 +229,7 @@ class Annotator:
 
     def __call__(self, batch: list[ConsumedEvent]) -> Iterable[tuple[ConsumedEvent, str]]:
         self._ahead.drop_all_but(batch)
-        self._keep_samples(batch)
+        self.samples.add_all([c.event.payload for c in batch])  # each counts in MC(s_0) before any search
         todo = [c for c in batch if scored_to_label(c.event.payload) is not None]
         skipped = [c for c in batch if isinstance(c.event.payload, SolutionSelected) and c not in todo]
         self.stats.count("skipped_by_selection", len(skipped))
@@ -249,9 +251,9 @@ class Annotator:
         """Start the next batch's searches (the runtime shows its records as it fetches them ahead) behind
         this batch's, so a worker whose search ends takes one at once instead of idling until this batch's
         slowest is done; their labels and offsets still go with the next batch (:mod:`.annotator_ahead`)."""
-        if self.max_in_flight == 1 or self.free_only:
+        if self.max_in_flight == 1 or self.free_only or not self.looks_ahead:
             return
-        self._keep_samples(events)
+        self.samples.add_all([c.event.payload for c in events])
         todo = labelling_order([c for c in events if scored_to_label(c.event.payload) is not None])
         self._ahead.start((c for c in todo if not _free(c.event.payload)), lambda c: self._pool.submit(self._search, c))
 
@@ -260,13 +262,6 @@ class Annotator:
         if future is not None:
             self.stats.count("started_ahead")
         return future
-
-    def _keep_samples(self, events: list[ConsumedEvent]) -> None:
-        for c in events:  # every sample counts in its question's MC(s_0), before any search
-            payload = c.event.payload
-            scored = payload.scored if isinstance(payload, SolutionSelected) else payload
-            if isinstance(scored, StepsScored):
-                self.samples.add(scored)
 
     def _settle_as_done(self, costly: list[ConsumedEvent]) -> list[tuple[ConsumedEvent, str]]:
         """Annotate ``costly`` ``max_in_flight`` at a time and publish each label the moment its search
@@ -422,6 +417,7 @@ def run_annotator(
         producer.publish,
         checker=checker,
         max_in_flight=settings.in_flight,
+        look_ahead=settings.look_ahead,
         free_only=settings.free_only,
         reuse_samples=settings.reuse_samples,
     )

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prmloop.models.annotation.completer import Completer, GeneratorCompleter, Rollout
-from prmloop.store.events import ModelRef, SampleAsRollout, StepsScored
+from prmloop.store.events import ModelRef, SampleAsRollout, SolutionSelected, StepsScored
 
 __all__ = ["QuestionSamples", "RolloutSpec", "rollout_specs"]
 
@@ -58,6 +58,13 @@ class QuestionSamples:
             OrderedDict()
         )
         self._lock = threading.Lock()
+
+    def add_all(self, payloads: Sequence[object]) -> None:
+        """:meth:`add` each ``StepsScored`` of ``payloads``, bare or in a ``SolutionSelected``."""
+        for payload in payloads:
+            scored = payload.scored if isinstance(payload, SolutionSelected) else payload
+            if isinstance(scored, StepsScored):
+                self.add(scored)
 
     def add(self, scored: StepsScored) -> None:
         """Keep ``scored`` as a sample of its question (nothing when it came without log-probs). One that

@@ -72,6 +72,11 @@ class AnnotatorSettings(EngineSettings, SimulatorOptions):
         description="solutions taken from the topic at once, at least --in-flight (default: --in-flight); more keeps "
         "--in-flight searches going while a batch's slowest finish (its offsets are committed when all are done)",
     )
+    look_ahead: bool = Field(
+        default=True,
+        description="with --in-flight above 1, start the next batch's searches as its records are fetched, behind "
+        "this batch's, so a search that ends makes room across batches (its labels and offsets go with that batch)",
+    )
     group: str = Field(
         default="prmloop-annotator", description="consumer group; processes in one group share partitions"
     )
