@@ -14,7 +14,7 @@ __all__ = ["COUNTED", "AnnotatorStats"]
 
 #: What :class:`AnnotatorStats` counts, in the order its summary lists them.
 COUNTED: tuple[str, ...] = ("labelled", "all_correct", "unresolved", "aborted", "rejected", "skipped_by_selection")
-COUNTED += ("left_for_rollouts", "published")
+COUNTED += ("left_for_rollouts", "published", "started_ahead")
 
 
 class AnnotatorStats:
