@@ -180,6 +180,13 @@ def test_work_longer_than_the_poll_interval_keeps_the_group_and_loses_no_record(
     assert total == 16
 
 
+def _batches_of_ten(topic: str, servers: str, handler: Callable[[list[ConsumedEvent]], None]) -> ConsumerRuntime:
+    """A runtime reading every partition of ``topic`` without a join, ten records a batch."""
+    return ConsumerRuntime(
+        topics=[topic], group_id=f"g-{topic}", bootstrap_servers=servers, handler=handler, assign_all=True, max_batch=10
+    )
+
+
 def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order(kafka_bootstrap: str) -> None:
     """Batches fetched while the handler works are decoded then (poison included) and later handed on
     exactly as if decoded at their turn: each event once, in order, the poison dead-lettered once."""
@@ -196,14 +203,7 @@ def test_records_decoded_ahead_while_the_handler_works_are_handled_once_in_order
         time.sleep(0.3)  # slow enough for the next batch to be fetched and decoded meanwhile
         seen.extend(c.event.correlation_id for c in batch)
 
-    runtime = ConsumerRuntime(
-        topics=[topic],
-        group_id=f"g-{topic}",
-        bootstrap_servers=kafka_bootstrap,
-        handler=handler,
-        assign_all=True,
-        max_batch=10,
-    )
+    runtime = _batches_of_ten(topic, kafka_bootstrap, handler)
     _run_until(runtime, lambda: len(seen) >= 54)
     assert seen == [f"q{i}" for i in range(1, 61) if i % 10]
     assert runtime.stats.dead_lettered == 6
@@ -238,14 +238,7 @@ def test_a_handler_that_looks_ahead_is_shown_the_next_batch_and_still_gets_every
                 raise RuntimeError("a look-ahead that fails")
 
     handler = Handler()
-    runtime = ConsumerRuntime(
-        topics=[topic],
-        group_id=f"g-{topic}",
-        bootstrap_servers=kafka_bootstrap,
-        handler=handler,
-        assign_all=True,
-        max_batch=10,
-    )
+    runtime = _batches_of_ten(topic, kafka_bootstrap, handler)
     _run_until(runtime, lambda: len(handler.seen) >= 36)
     expected = [f"q{i}" for i in range(1, 41) if i % 10]
     assert handler.seen == expected
