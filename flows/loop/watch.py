@@ -111,14 +111,17 @@ class StageTimeline:
         self.stages.add(stage)
 
     def _close(self) -> None:
-        if self.stages:
-            self.active += 1
-            self.together += all(s in self.stages for s in OVERLAP_STAGES)
+        self.active, self.together = self._counts()
+
+    def _counts(self) -> tuple[int, int]:
+        """Buckets with any stage and with every stage, the bucket in progress included."""
+        if not self.stages:
+            return self.active, self.together
+        return self.active + 1, self.together + all(s in self.stages for s in OVERLAP_STAGES)
 
     def overlap(self) -> float:
         """Buckets with every stage over buckets with any (the bucket in progress included)."""
-        active = self.active + bool(self.stages)
-        together = self.together + (bool(self.stages) and all(s in self.stages for s in OVERLAP_STAGES))
+        active, together = self._counts()
         return together / active if active else 0.0
 
     def copy(self) -> StageTimeline:

@@ -308,26 +308,25 @@ class ConsumerRuntime(Reconnecting):
             elif kind == "poison":
                 poison.append(value)
 
-    def _decode_ahead(self, records: list[ConsumerRecord]) -> None:
+    def _decode_ahead(self, records: list[ConsumerRecord]) -> list[ConsumedEvent]:
         """Decode prefetched records while the handler works on the current batch (decoding depends
         only on the bytes, so doing it early changes nothing but when the CPU is spent: the sink's
-        decoding then overlaps its DuckDB write, which runs without the GIL)."""
+        decoding then overlaps its DuckDB write, which runs without the GIL). Returns the events decoded."""
+        good: list[ConsumedEvent] = []
         if not records:
-            return
+            return good
         known_topics = set(TOPIC_OF.values())
         with paused_gc():
             for rec in records:
-                self._ahead[id(rec)] = (rec, self._decode_one(rec, known_topics))
+                decoded = self._ahead[id(rec)] = (rec, self._decode_one(rec, known_topics))
+                if decoded[1][0] == "good":
+                    good.append(decoded[1][1])
+        return good
 
-    def _show_ahead(self, records: list[ConsumerRecord]) -> None:
-        """Hand the decoded events of records fetched ahead to the handler's ``look_ahead``, if it has one."""
+    def _show_ahead(self, events: list[ConsumedEvent]) -> None:
+        """Hand the decoded events fetched ahead to the handler's ``look_ahead``, if it has one."""
         look_ahead = getattr(self.handler, "look_ahead", None)
-        if look_ahead is None or not records:
-            return
-        events = [
-            decoded[1] for r in records if (decoded := self._ahead.get(id(r), (r, None))[1]) and decoded[0] == "good"
-        ]
-        if not events:
+        if look_ahead is None or not events:
             return
         try:
             look_ahead(events)
@@ -404,9 +403,7 @@ class ConsumerRuntime(Reconnecting):
                     polled = self._consumer.poll(timeout_ms=20, max_records=room)
                     for recs in polled.values():
                         self._prefetched.extend(recs)
-                    fetched = [r for recs in polled.values() for r in recs]
-                    self._decode_ahead(fetched)
-                    self._show_ahead(fetched)
+                    self._show_ahead(self._decode_ahead([r for recs in polled.values() for r in recs]))
                     continue
                 if time.monotonic() - started < self.pause_after_s:
                     wait([future], timeout=0.02)
