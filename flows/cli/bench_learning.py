@@ -161,8 +161,8 @@ def bench_learn_cmd(
 @bench_app.command("deep")
 def bench_deep_cmd(
     *,
-    arms: Annotated[str, typer.Option(help="of frozen, layers, lora, lora_heads (comma-separated)")] = (
-        "frozen,layers,lora,lora_heads"
+    arms: Annotated[str, typer.Option(help="of frozen, hidden, layers, lora, lora_heads (comma-separated)")] = (
+        "frozen,hidden,layers,lora,lora_heads"
     ),
     budgets: Annotated[str, typer.Option(help="exact labels per arm, e.g. 120,812 (capped at the training pool)")] = (
         "120,812"
@@ -175,8 +175,9 @@ def bench_deep_cmd(
     threads: Annotated[int | None, typer.Option(help="CPU threads for training and features")] = None,
     out: Annotated[Path | None, typer.Option(help="also write the result here as indented JSON")] = None,
 ) -> None:
-    """Would a deeper PRM learn more from the same labels? Heads on the frozen middle layer (the loop's),
-    on more layers, a LoRA PRM, and heads on the LoRA-tuned backbone, trained on exact labels of half the
+    """Would a deeper PRM learn more from the same labels? Heads on the frozen middle layer and the steps'
+    token uncertainty (the loop's), on the hidden state alone, on more layers, a LoRA PRM, and heads on
+    the LoRA-tuned backbone, trained on exact labels of half the
     test set's questions and scored on the other half: F1 with its interval and the paired difference
     to the frozen arm. One JSON line (27 minutes for the defaults on 2 cores, most of it LoRA; `--arms
     frozen`: seconds)."""

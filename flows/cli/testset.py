@@ -61,6 +61,27 @@ def build(
     typer.echo(json.dumps(manifest))
 
 
+@testset_app.command("features")
+def features_command(
+    directory: Annotated[Path | None, typer.Option("--dir", help="the set's folder (default: the shipped one)")] = None,
+    seed: Annotated[int | None, typer.Option(help=_SEED_HELP)] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for the backbone")] = None,
+) -> None:
+    """Compute a set's step features anew for the default feature spec and write them beside it (the
+    manifest names the new file; the old one is removed). Run it after the feature spec or its version
+    changes: scoring then costs no forward pass again. About 0.5 s a solution on 2 cores."""
+    from prmloop.flows.pools.testset import SHIPPED_DIR, load_testset, seed_in, write_features
+
+    folder = directory or SHIPPED_DIR
+    chosen = seed_in(folder) if seed is None else seed
+    manifest, _ = load_testset(folder, chosen)
+    before = (manifest.get("features") or {}).get("file")
+    entry = write_features(folder, seed=chosen, threads=threads, say=progress_line)
+    if before and before != entry["file"]:
+        (folder / before).unlink(missing_ok=True)
+    typer.echo(json.dumps(entry))
+
+
 @testset_app.command("show")
 def show(
     directory: Annotated[

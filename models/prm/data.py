@@ -50,6 +50,12 @@ class PRMExample:
 class EncodedSolution:
     input_ids: list[int]
     tag_positions: list[int]  # one per step kept (steps past ``max_length`` are dropped)
+    prompt_length: int = 0  # tokens before the first step
+
+    def step_spans(self) -> list[tuple[int, int]]:
+        """Each kept step's tokens as a half-open position range (its tag after it excluded)."""
+        starts = [self.prompt_length, *(p + 1 for p in self.tag_positions[:-1])]
+        return list(zip(starts, self.tag_positions, strict=True))
 
 
 def prompt_text(problem: str) -> str:
@@ -63,6 +69,7 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 def encode_solution(tokenizer: Any, problem: str, steps: Sequence[str], *, max_length: int = 1024) -> EncodedSolution:
     """Token ids of prompt + (step + tag) for each step, and the position of each tag's last token."""
     ids = _ids(tokenizer, prompt_text(problem))
+    prompt_length = len(ids)
     tag = _ids(tokenizer, STEP_TAG)
     positions: list[int] = []
     for step in steps:
@@ -71,7 +78,7 @@ def encode_solution(tokenizer: Any, problem: str, steps: Sequence[str], *, max_l
             break
         ids.extend(segment)
         positions.append(len(ids) - 1)
-    return EncodedSolution(ids, positions)
+    return EncodedSolution(ids, positions, prompt_length)
 
 
 def label_token_ids(tokenizer: Any) -> tuple[int, int]:

@@ -18,7 +18,10 @@ out-of-bag predictions: the mean over the heads that did not train on a solution
 prediction for it, used to choose the first-error threshold without a held-out set.
 
 The features are centred and projected on their ``pca_dims`` principal directions (whitened) first:
-it makes 32 small MLPs cheap and well conditioned whatever the backbone's width. The defaults were
+it makes 32 small MLPs cheap and well conditioned whatever the backbone's width. A feature row's last
+``raw_tail`` columns (the step's token uncertainty, :mod:`prmloop.models.prm.step_uncertainty`) are
+kept apart from that projection, each centred and scaled to unit variance: a dozen informative
+numbers would otherwise be folded into directions chosen for the hidden state's variance. The defaults were
 chosen by the out-of-bag loss on training solutions only (ProcessBench's pool half, SmolLM2 features:
 50 full-batch steps gave an out-of-bag cross-entropy of 0.467 on 338 solutions against 0.551 for 150,
 in a third of the time), never on a held-out set.
@@ -150,10 +153,19 @@ class FittedEnsemble:
         return cls(EnsembleConfig.model_validate(described["config"]), tensors, described.get("meta"))
 
 
-def _projection(x: Any, dims: int) -> tuple[Any, Any]:
-    """Centre and whitened principal directions of ``x`` (rows: steps)."""
+def _projection(x: Any, dims: int, raw_tail: int = 0) -> tuple[Any, Any]:
+    """Centre and whitened principal directions of ``x`` (rows: steps); its last ``raw_tail`` columns
+    are only standardized (a block of the basis of their own)."""
     import torch
 
+    if raw_tail > 0:
+        head_center, head_basis = _projection(x[:, :-raw_tail], dims) if x.shape[1] > raw_tail else (None, None)
+        tail = x[:, -raw_tail:]
+        tail_center, tail_basis = tail.mean(dim=0), torch.diag(1.0 / tail.std(dim=0).nan_to_num(0.0).clamp_min(1e-6))
+        if head_center is None:
+            return tail_center, tail_basis
+        basis = torch.block_diag(head_basis, tail_basis)
+        return torch.cat([head_center, tail_center]), basis
     center = x.mean(dim=0)
     centred = x - center
     if dims <= 0 or dims >= min(centred.shape):
@@ -169,8 +181,12 @@ def fit_ensemble(
     features: Sequence[np.ndarray],
     targets: Sequence[Sequence[float]],
     config: EnsembleConfig | None = None,
+    *,
+    raw_tail: int = 0,
 ) -> tuple[FittedEnsemble, list[np.ndarray]]:
     """Train the heads; returns them and each solution's out-of-bag mean probability per step.
+
+    ``raw_tail``: the features' last columns that bypass the principal directions (standardized only).
 
     ``features[i]`` is solution ``i``'s ``(steps, dim)`` array and ``targets[i]`` its per-step target
     probability of "correct" (1/0 for hard labels); a solution's extra steps on either side (features
@@ -188,7 +204,7 @@ def fit_ensemble(
         x_np, y_np, owner = _rows(features, targets)
         generator = torch.Generator().manual_seed(config.seed)
         x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
-        center, basis = _projection(x, config.pca_dims)
+        center, basis = _projection(x, config.pca_dims, raw_tail)
         z = (x - center) @ basis
         k, p, h = config.heads, basis.shape[1], config.hidden
         solutions = len(features)
@@ -229,7 +245,8 @@ def fit_ensemble(
                 "positive_steps": int((y >= 0.5).sum()),
                 "final_loss": round(loss_value, 5),
                 "train_seconds": round(time.perf_counter() - started, 3),
-                "pca_dims": int(p),
+                "pca_dims": int(p) - raw_tail,
+                "raw_dims": raw_tail,
             },
         )
         with torch.inference_mode():

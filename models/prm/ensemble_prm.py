@@ -114,7 +114,8 @@ class EnsemblePRM:
             raise ValueError(f"{path}/prm.json: kind {described.get('kind')!r} is not an ensemble PRM")
         return cls(
             FittedEnsemble.load(path),
-            FeatureSpec.model_validate(described["feature_spec"]),
+            # a PRM saved before the spec had `uncertainty` was trained on the hidden state alone
+            FeatureSpec.model_validate({"uncertainty": False, **described["feature_spec"]}),
             threshold=float(described["threshold"]),
             cache_dir=cache_dir,
             threads=threads,
@@ -146,7 +147,8 @@ def train_ensemble_prm(
     if features is None:
         features = prm.features([e.prompt for e in examples], [list(e.completions) for e in examples])
     feature_s = time.perf_counter() - started
-    ensemble, out_of_bag = fit_ensemble(features, [step_targets(e, soft) for e in examples], config)
+    targets = [step_targets(e, soft) for e in examples]
+    ensemble, out_of_bag = fit_ensemble(features, targets, config, raw_tail=spec.uncertainty_dims)
     first_errors = [first_error_of(e.labels) for e in examples]
     scored = [(list(map(float, o)), f) for o, f in zip(out_of_bag, first_errors, strict=True) if len(o)]
     threshold = best_threshold([s for s, _ in scored], [f for _, f in scored]) if scored else 0.5

@@ -10,10 +10,14 @@ the backbone); training the heads on them takes seconds. So they are computed on
 :class:`FeatureCache`, a file under the caller's state folder keyed by the backbone's digest and the
 solution's content: a cache, rebuildable at any time from the events that carry the solutions.
 
-Features are the hidden states of the layers in :attr:`FeatureSpec.layers`, concatenated; by default
-the middle layer alone. The layers above the deepest one asked for are never run, which halves the
-cost of the default (on this 2-core CPU the whole SmolLM2-135M reads about 240 tokens/s); and probes
-of middle layers often separate properties that the last layer has folded into next-token prediction.
+Features are the hidden states of the layers in :attr:`FeatureSpec.layers`, concatenated (by default
+the middle layer alone: probes of middle layers often separate properties that the last layer has
+folded into next-token prediction), then, with :attr:`FeatureSpec.uncertainty` (the default), the
+step's token uncertainty under the backbone (:mod:`prmloop.models.prm.step_uncertainty`: 12 numbers
+read off its next-token distributions, so the whole backbone runs; on this 2-core CPU it reads about
+240 tokens/s). Without it, the layers above the deepest one asked for are never run, which halves
+the cost. The ensemble whitens the hidden part by its principal directions and the uncertainty part
+column by column (:func:`~prmloop.models.prm.ensemble.fit_ensemble`'s ``raw_tail``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from prmloop.models.prm.data import encode_solution
+from prmloop.models.prm.step_uncertainty import UNCERTAINTY_FEATURES, digit_tokens, step_uncertainty
 
 __all__ = [
     "FeatureCache",
@@ -42,7 +47,7 @@ __all__ = [
 ]
 
 #: Bump when the way features are computed changes: cached features of another version are not reused.
-FEATURES_VERSION = 1
+FEATURES_VERSION = 2
 
 
 class FeatureSpec(BaseModel):
@@ -57,6 +62,16 @@ class FeatureSpec(BaseModel):
         "layers above the deepest one named are not computed",
     )
     max_length: int = Field(default=768, ge=32, description="tokens per solution; later steps get no feature")
+    uncertainty: bool = Field(
+        default=True,
+        description="append the step's token uncertainty under the backbone (log-probs, gaps to the top token, "
+        "entropies, over all its tokens and its digits); runs the whole backbone",
+    )
+
+    @property
+    def uncertainty_dims(self) -> int:
+        """Trailing columns of a feature row that are token-uncertainty statistics (not hidden state)."""
+        return len(UNCERTAINTY_FEATURES) if self.uncertainty else 0
 
 
 def solution_key(problem: str, steps: Sequence[str]) -> str:
@@ -123,8 +138,9 @@ class FeatureExtractor:
         depth = int(model.config.num_hidden_layers)
         # hidden_states[0] is the embedding output; [depth] the last layer's (after the final norm).
         self.layer_indices = tuple(sorted({max(1, min(depth, round(f * depth))) for f in spec.layers}))
-        self.dim = int(model.config.hidden_size) * len(self.layer_indices)
+        self.dim = int(model.config.hidden_size) * len(self.layer_indices) + spec.uncertainty_dims
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._digits: Any = None
 
     def extract(
         self, problems: Sequence[str], steps: Sequence[Sequence[str]], *, max_tokens_per_batch: int = 4096
@@ -170,11 +186,61 @@ class FeatureExtractor:
             ids[row, : len(tokens)] = torch.tensor(tokens)
             mask[row, : len(tokens)] = 1
         device = getattr(self.model, "device", ids.device)  # the backbone may sit on a GPU (default_device)
-        hidden = self._hidden_states(ids.to(device), mask.to(device))
+        ids, mask = ids.to(device), mask.to(device)
+        if self.spec.uncertainty:
+            hidden, last = self._all_states(ids, mask)
+        else:
+            hidden, last = self._hidden_states(ids, mask), None
         for row, i in enumerate(batch):
             positions = torch.tensor(encoded[i].tag_positions, dtype=torch.long, device=device)
-            parts = [hidden[layer][row, positions] for layer in self.layer_indices]
-            out[i] = torch.cat(parts, dim=-1).float().cpu().numpy()
+            parts = [hidden[layer][row, positions].float().cpu() for layer in self.layer_indices]
+            if last is not None:
+                parts.append(torch.from_numpy(self._uncertainty(last[row], ids[row], encoded[i])))
+            out[i] = torch.cat(parts, dim=-1).numpy()
+
+    def _uncertainty(self, last: Any, ids: Any, encoded: Any) -> np.ndarray:
+        """The step statistics of :mod:`~prmloop.models.prm.step_uncertainty` for one solution of a batch."""
+        import torch
+
+        head = self.model.get_output_embeddings()
+        if self._digits is None:
+            self._digits = digit_tokens(self.tokenizer, int(head.weight.shape[0]))
+        spans = encoded.step_spans()
+        # every step token, and the position whose next-token logits predict it
+        targets = torch.tensor([p for a, b in spans for p in range(a, b)], dtype=torch.long, device=ids.device)
+        rows, cursor = [], 0
+        for a, b in spans:
+            rows.append((cursor, cursor + b - a))
+            cursor += b - a
+        logits = head(last[targets - 1]).float().cpu() if cursor else torch.zeros((0, 1))
+        return step_uncertainty(logits, ids[targets].cpu(), self._digits, rows)
+
+    def _all_states(self, ids: Any, mask: Any) -> tuple[dict[int, Any], Any]:
+        """The layers of :attr:`layer_indices` and the final (normed) hidden state, from one full pass."""
+        inner = getattr(self.model, "model", None)
+        if inner is None:
+            raise TypeError(f"{type(self.model).__name__}: no base model at .model; use uncertainty=False for it")
+        depth = int(self.model.config.num_hidden_layers)
+        layers = _decoder_layers(self.model)
+        captured: dict[int, Any] = {}
+
+        def keep(layer: int) -> Callable[..., None]:
+            def hook(_module: Any, _inputs: Any, output: Any) -> None:
+                captured[layer] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        handles = [
+            layers[layer - 1].register_forward_hook(keep(layer)) for layer in self.layer_indices if layer < depth
+        ]
+        try:
+            last = inner(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+        finally:
+            for handle in handles:
+                handle.remove()
+        if depth in self.layer_indices:
+            captured[depth] = last  # the last layer's state after the final norm, as output_hidden_states gives it
+        return captured, last
 
     def _hidden_states(self, ids: Any, mask: Any) -> dict[int, Any]:
         """The outputs of the layers in :attr:`layer_indices` (1-based), stopping after the deepest."""

@@ -11,8 +11,10 @@ same solutions and is scored on the same others:
 
 Arms:
 
-- ``frozen``: the loop's ensemble (the default :class:`~prmloop.models.prm.features.FeatureSpec`), one
-  draw and head seed per ``seeds``;
+- ``frozen``: the loop's ensemble (the default :class:`~prmloop.models.prm.features.FeatureSpec`: the
+  middle layer's hidden state and the step's token uncertainty), one draw and head seed per ``seeds``;
+- ``hidden``: the same heads on the middle layer's hidden state alone (the first feature version's
+  spec), which says what the token uncertainty adds;
 - ``layers``: the same heads on more of the frozen backbone's layers (``layers``, concatenated);
 - ``lora``: a LoRA PRM (:mod:`prmloop.models.prm.train`, the step-tag formulation, ``epochs`` passes)
   on 85 % of the draw's questions; its threshold τ is chosen on the other 15 %; one draw (it costs
@@ -39,7 +41,7 @@ __all__ = ["ARMS", "bench_deep", "split_test_set"]
 Say = Callable[[str], None]
 
 #: The arms, in the order they run.
-ARMS = ("frozen", "layers", "lora", "lora_heads")
+ARMS = ("frozen", "hidden", "layers", "lora", "lora_heads")
 #: Share of a LoRA draw's questions kept out of training to choose its threshold.
 LORA_TAU_SHARE = 0.15
 
@@ -157,11 +159,12 @@ def bench_deep(
         )
         return dict(zip([i.key for i in solutions], vectors, strict=True))
 
-    def heads(chosen: list[Any], features: dict[str, Any], seed: int) -> list[int]:
+    def heads(chosen: list[Any], features: dict[str, Any], seed: int, spec: FeatureSpec) -> list[int]:
         examples = [example_at(i.problem, i.steps, i.first_error) for i in chosen]
         config = EnsembleConfig(threads=threads or 1, seed=seed)
         # the full solution's features: the ensemble trains on the rows through the first error
-        prm, _ = train_ensemble_prm(examples, config=config, features=[features[i.key] for i in chosen])
+        features_of = [features[i.key] for i in chosen]
+        prm, _ = train_ensemble_prm(examples, config=config, spec=spec, features=features_of)
         return predict_first_errors(prm, held, features)
 
     def row(arm: str, n: int, predicted: list[int], draws: int, since: float, **extra: Any) -> dict[str, Any]:
@@ -175,17 +178,24 @@ def bench_deep(
     rows: list[dict[str, Any]] = []
     first_draw: dict[tuple[str, int], list[int]] = {}
     feature_sets: dict[str, dict[str, Any]] = {}
+    specs = {
+        "frozen": FeatureSpec(),
+        "hidden": FeatureSpec(uncertainty=False),
+        "layers": FeatureSpec(layers=tuple(layers)),
+    }
     if "frozen" in arms:
-        feature_sets["frozen"] = frozen_features(FeatureSpec())
+        feature_sets["frozen"] = frozen_features(specs["frozen"])
+    if "hidden" in arms:
+        feature_sets["hidden"] = frozen_features(specs["hidden"])
     if "layers" in arms:
-        feature_sets["layers"] = frozen_features(FeatureSpec(layers=tuple(layers)))
+        feature_sets["layers"] = frozen_features(specs["layers"])
     for n in budgets:
-        for arm in ("frozen", "layers"):
+        for arm in ("frozen", "hidden", "layers"):
             if arm not in feature_sets:
                 continue
             since, predicted = time.monotonic(), []
             for draw in range(seeds):
-                predicted += heads(_draw(train_pool, n, draw), feature_sets[arm], draw)
+                predicted += heads(_draw(train_pool, n, draw), feature_sets[arm], draw, specs[arm])
             first_draw[(arm, n)] = predicted[: len(held)]
             extra = {"layers": list(layers)} if arm == "layers" else {}
             rows.append(row(arm, n, predicted, seeds, since, **extra))
@@ -205,7 +215,7 @@ def bench_deep(
             tuned = dict(zip([i.key for i in solutions], (np.asarray(v) for v in vectors), strict=True))
             predicted = []
             for seed in range(seeds):
-                predicted += heads(chosen, tuned, seed)
+                predicted += heads(chosen, tuned, seed, FeatureSpec())
             first_draw[("lora_heads", n)] = predicted[: len(held)]
             rows.append(row("lora_heads", n, predicted, seeds, since, epochs=epochs))
     for r in rows:

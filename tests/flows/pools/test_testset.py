@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from prmloop.flows.pools.build import ARITH_SAMPLING, arith_file, decided
@@ -158,3 +159,35 @@ def test_a_folder_names_its_set_by_seed_and_an_ambiguous_one_asks_for_seed(tmp_p
     with pytest.raises(TestSetError, match=r"seeds \[77, 4242\]: pass --seed") as caught:
         seed_in(two)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.integration
+def test_features_anew_replace_the_old_file_and_fill_a_cache_of_the_default_spec(tmp_path: Path) -> None:
+    """`prmloop testset features` after the feature spec changed: the real backbone, every solution's rows."""
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+    from prmloop.flows.pools.testset import seed_features
+    from prmloop.models.prm.features import FeatureCache, FeatureSpec, solution_key
+
+    _cache(tmp_path / "cache", questions=2)
+    folder = tmp_path / "set"
+    build_testset(folder, questions=2, seed=SEED, levels=(1,), cache=tmp_path / "cache")
+    manifest_path = folder / f"arith-smollm2-seed{SEED}-v1.manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    (folder / "old.npz").write_bytes(b"features of an older spec")
+    manifest_path.write_text(json.dumps({**manifest, "features": {"file": "old.npz"}}))
+    result = CliRunner().invoke(app, ["testset", "features", "--dir", str(folder), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    entry = json.loads(result.stdout.strip().splitlines()[-1])
+    assert entry["spec"] == FeatureSpec().model_dump(mode="json") and entry["spec"]["uncertainty"] is True
+    assert not (folder / "old.npz").exists() and (folder / entry["file"]).is_file()
+    assert json.loads(manifest_path.read_text())["features"] == entry
+    cache = FeatureCache(tmp_path / "features", FeatureSpec())
+    _, items = load_testset(folder, seed=SEED)
+    assert seed_features(cache, folder, seed=SEED) == len(items)
+    found = cache.get([solution_key(i.problem, i.steps) for i in items])
+    for item in items:
+        rows = found[solution_key(item.problem, item.steps)]
+        assert rows.shape == (len(item.steps), 576 + 12)  # SmolLM2's middle layer and the 12 uncertainties
+        assert np.isfinite(rows).all()

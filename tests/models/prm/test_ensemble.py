@@ -104,12 +104,18 @@ def test_a_middle_layer_feature_equals_that_layer_of_a_full_forward_pass(extract
     from prmloop.models.prm.data import encode_solution
 
     [features] = extractor.extract(["What is 2 + 3?"], [["2 + 3 = 5", "The answer is 5."]])
-    assert features.shape == (2, 32)  # one row per step, hidden size 32 of layer 1 of 2
+    assert features.shape == (2, 32 + 12)  # one row per step: hidden size 32 of layer 1 of 2, 12 uncertainties
     encoded = encode_solution(extractor.tokenizer, "What is 2 + 3?", ["2 + 3 = 5", "The answer is 5."])
     with torch.inference_mode():
         states = extractor.model(input_ids=torch.tensor([encoded.input_ids]), output_hidden_states=True).hidden_states
     expected = states[1][0, encoded.tag_positions].numpy()
-    assert np.allclose(features, expected, atol=1e-5)
+    assert np.allclose(features[:, :32], expected, atol=1e-5)
+    hidden_only = FeatureExtractor(
+        FeatureSpec(backbone="tiny", uncertainty=False), model=extractor.model, tokenizer=extractor.tokenizer
+    )
+    [alone] = hidden_only.extract(["What is 2 + 3?"], [["2 + 3 = 5", "The answer is 5."]])
+    assert alone.shape == (2, 32)
+    assert np.allclose(alone, features[:, :32], atol=1e-5)
 
 
 def test_batched_features_equal_one_solution_at_a_time(extractor: FeatureExtractor) -> None:

@@ -57,7 +57,7 @@ def test_every_arm_trains_on_the_same_draw_and_is_scored_with_its_interval() -> 
 def test_an_unknown_arm_or_layer_is_one_line_naming_the_choices() -> None:
     runner = CliRunner()
     bad = runner.invoke(app, ["bench", "deep", "--arms", "frozen,deeper"])
-    assert bad.exit_code == 2 and "frozen,layers,lora,lora_heads" in bad.output
+    assert bad.exit_code == 2 and "frozen,hidden,layers,lora,lora_heads" in bad.output
     worse = runner.invoke(app, ["bench", "deep", "--layers", "0.5,2"])
     assert worse.exit_code == 2 and "fractions of the depth" in worse.output
     with pytest.raises(ValueError, match="choose from"):
