@@ -24,14 +24,20 @@ QUICK_ARITH_QUESTIONS, QUICK_MC_LIMIT, QUICK_BUILD_MINUTES = 8, 24, 5.0
 @bench_app.command("active")
 def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     pool: Annotated[
-        str, typer.Option(help="processbench (human labels), arith (exact labels), arith-mc (MC labels, tokens), all")
-    ] = "all",
+        str | None,
+        typer.Option(
+            help="processbench (human labels), arith (exact labels), arith-mc (MC labels, tokens), all (those "
+            "three), testset (the shipped test set's halves: exact labels, no model work); default: all, "
+            "with --quick testset"
+        ),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option(
-            help=f"4 budgets, 16 heads, small arith pools ({QUICK_ARITH_QUESTIONS} questions per level, "
-            f"{QUICK_MC_LIMIT} MC labels); pools whose build would take over --max-build-minutes "
-            f"({QUICK_BUILD_MINUTES:.0f} with --quick) are skipped, saying what they cost"
+            help=f"4 budgets, 16 heads, on the shipped test set's halves unless --pool says otherwise (about "
+            f"4 minutes on 2 cores: a verdict on 800 pool solutions); small arith pools ({QUICK_ARITH_QUESTIONS} "
+            f"questions per level, {QUICK_MC_LIMIT} MC labels); pools whose build would take over "
+            f"--max-build-minutes ({QUICK_BUILD_MINUTES:.0f} with --quick) are skipped, saying what they cost"
         ),
     ] = False,
     seeds: Annotated[int, typer.Option(help="random seeds per arm (first labelled set and head initialisation)")] = 5,
@@ -77,7 +83,7 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
     transformers; arith-mc also runs MC rollouts): what a build will cost is said before it starts.
     Progress goes to stderr; one JSON line to stdout.
     """
-    from prmloop.flows.lab.bench.active import ActiveSettings
+    from prmloop.flows.lab.bench.active import TESTSET_POOL, ActiveSettings
     from prmloop.flows.lab.bench.active_run import bench_active
     from prmloop.flows.pools.build import POOLS
     from prmloop.flows.pools.sampling import ENGINES
@@ -88,9 +94,10 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
         raise typer.BadParameter(f"--order {order!r}: choose rank or filter")
     if engine not in ENGINES:
         raise typer.BadParameter(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    pool = pool or ("testset" if quick else "all")
     names = list(POOLS) if pool == "all" else [pool]
-    if any(name not in POOLS for name in names):
-        raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join(POOLS)} or all")
+    if any(name not in (*POOLS, TESTSET_POOL) for name in names):
+        raise typer.BadParameter(f"--pool {pool!r}: choose one of {', '.join((*POOLS, TESTSET_POOL))} or all")
     try:
         level_list = tuple(sorted({int(x) for x in levels.split(",") if x.strip()}))
     except ValueError:

@@ -16,6 +16,11 @@ labelled solutions' out-of-bag predictions: nothing is tuned on the held-out hal
   dispersed answers) computed from the pool's graded answers, highest first;
 - ``full``: the whole pool, the ceiling.
 
+Pools: those of :mod:`prmloop.flows.pools.build`, and ``testset``: the shipped test set's solutions
+(:mod:`prmloop.flows.pools.testset`, exact first errors, their features shipped), split by question like
+the others. It needs no model work, so ``--quick`` runs on it in minutes with 800 solutions a half; as
+in ``bench deep``, a lab measurement on the test set's halves (no model it trains is put in force).
+
 Budgets are shares of what the pool's labels cost: labels for ``processbench`` and ``arith``, generated
 tokens for ``arith-mc`` (a correct solution's label is free, as in the loop). Per arm: F1 per budget
 (mean and standard deviation over seeds), ``auc`` (mean F1 over the budget range, the area under the
@@ -45,9 +50,11 @@ from prmloop.models.prm.ensemble_prm import EnsemblePRM, train_ensemble_prm
 from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
 from prmloop.models.prm.pool_items import PoolItem, example_of, held_out_f1, split_pool
 
-__all__ = ["ARMS", "ActiveSettings", "label_quality", "run_active"]
+__all__ = ["ARMS", "TESTSET_POOL", "ActiveSettings", "label_quality", "pool_items", "run_active"]
 
 ARMS = ("random", "actprm", "epistemic", "aleatoric", "priority", "full")
+#: The pool of the shipped test set's solutions: exact first errors and features shipped, no model work.
+TESTSET_POOL = "testset"
 Say = Callable[[str], None]
 
 
@@ -159,6 +166,10 @@ def _load_features(
     from prmloop.store.settings import StateSettings
 
     cache = FeatureCache(StateSettings().features_dir, settings.spec)
+    if settings.pool == TESTSET_POOL:
+        from prmloop.flows.pools.testset import seed_features
+
+        seed_features(cache)  # the shipped features, where the spec is theirs: no forward pass
     last = [0.0]
 
     def progress(done: int, missing: int, seconds: float) -> None:
@@ -244,16 +255,13 @@ def _std(values: Sequence[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def run_active(
-    settings: ActiveSettings, *, root: Path, out_dir: Path | None = None, say: Say = print, work: Any = None
-) -> dict[str, Any]:
-    """Run every arm on one pool; returns the summary (the bench's JSON line). ``work``
-    (:class:`~prmloop.flows.pools.build.PoolWork`) shares one sampling engine between pools."""
-    unknown = [a for a in settings.arms if a not in ARMS]
-    if unknown:
-        raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
-    started = time.perf_counter()
-    items = build_pool(
+def pool_items(settings: ActiveSettings, *, root: Path, say: Say = print, work: Any = None) -> list[PoolItem]:
+    """The solutions of ``settings.pool``: the shipped test set's, or a pool built (and cached) under ``root``."""
+    if settings.pool == TESTSET_POOL:
+        from prmloop.flows.pools.testset import test_items
+
+        return test_items(engine=settings.engine, threads=settings.threads, say=say)[1]
+    return build_pool(
         settings.pool,
         root=root,
         arith_questions=settings.arith_questions,
@@ -264,6 +272,18 @@ def run_active(
         say=say,
         work=work,
     )
+
+
+def run_active(
+    settings: ActiveSettings, *, root: Path, out_dir: Path | None = None, say: Say = print, work: Any = None
+) -> dict[str, Any]:
+    """Run every arm on one pool; returns the summary (the bench's JSON line). ``work``
+    (:class:`~prmloop.flows.pools.build.PoolWork`) shares one sampling engine between pools."""
+    unknown = [a for a in settings.arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm {unknown[0]!r}; choose from {', '.join(ARMS)}")
+    started = time.perf_counter()
+    items = pool_items(settings, root=root, say=say, work=work)
     pool, held = split_pool(items)
     say(f"{settings.pool}: {len(pool)} pool solutions, {len(held)} held out")
     features = _load_features(items, settings, say, root)
@@ -312,7 +332,13 @@ def run_active(
         "order": settings.order,
         "ensemble": settings.ensemble.model_dump(mode="json"),
     }
-    if settings.pool != "processbench":
+    if settings.pool == TESTSET_POOL:
+        levels = sorted({i.subset for i in items})
+        result["test_set"] = {
+            "questions_per_level": {v: len({i.question for i in items if i.subset == v}) for v in levels},
+            "decided_solutions_per_level": {v: sum(i.subset == v for i in items) for v in levels},
+        }
+    elif settings.pool != "processbench":
         result["arith"] = {
             "levels": list(settings.arith_levels),
             "questions_per_level": settings.arith_questions,

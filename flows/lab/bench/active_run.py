@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from prmloop.flows.lab.bench.active import ActiveSettings, label_quality, run_active
+from prmloop.flows.lab.bench.active import TESTSET_POOL, ActiveSettings, label_quality, run_active
 from prmloop.flows.pools.build import PoolWork
 from prmloop.flows.pools.cost import estimate_pool
 from prmloop.flows.pools.sampling import describe_cost
@@ -50,6 +50,10 @@ def bench_active(
     try:
         for name in pools:
             settings = replace(base, pool=name)
+            if name == TESTSET_POOL:
+                say(f"{name}: the shipped test set's solutions and features: no model work to build it")
+                results[name] = run_active(settings, root=root, out_dir=out_dir, say=say, work=work)
+                continue
             cost = estimate_pool(
                 name,
                 root=root,

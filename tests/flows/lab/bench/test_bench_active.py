@@ -142,3 +142,32 @@ def test_an_mc_label_is_checked_against_the_questions_own_answer() -> None:
     item = _item("x", 0)
     item = PoolItem(**{**item.__dict__, "question": arith_question_id(2, 0, 7)})
     assert _gold(item) == str(generate_question(2, 0, 7).answer)
+
+
+@pytest.mark.integration
+def test_quick_runs_on_the_shipped_test_sets_halves_and_gives_a_verdict(tmp_path: Path) -> None:
+    """`bench active --quick`: no pool to build, the shipped features, the real heads, a verdict with its interval."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from prmloop.flows.cli import app
+    from prmloop.flows.pools.testset import load_testset
+
+    out = CliRunner().invoke(
+        app, ["bench", "active", "--quick", "--arms", "random,actprm,full", "--seeds", "2", "--out", str(tmp_path)]
+    )
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    _, items = load_testset()
+    pool, held = split_pool(items)
+    assert result["quick"] is True and result["pool"] == "testset"
+    assert (result["pool_solutions"], result["held_out_solutions"]) == (len(pool), len(held))
+    assert sum(result["test_set"]["decided_solutions_per_level"].values()) == len(items)
+    assert "through the backbone" not in out.output  # every feature came from the shipped file: no forward pass
+    random_arm, full = result["arms"]["random"], result["arms"]["full"]
+    assert random_arm["labels"] == sorted(random_arm["labels"]) and len(random_arm["f1"]) == 4
+    assert full["f1"] > random_arm["f1"][0]  # the whole pool half teaches more than its first tenth
+    versus = result["actprm_vs_random"]
+    assert versus["seeds"] == 2 and versus["verdict"] and isinstance(versus["advantage_survives"], bool)
+    assert Path(result["png"]).is_file()
