@@ -69,7 +69,8 @@ def features_command(
 ) -> None:
     """Compute a set's step features anew for the default feature spec and write them beside it (the
     manifest names the new file; the old one is removed). Run it after the feature spec or its version
-    changes: scoring then costs no forward pass again. About 0.5 s a solution on 2 cores."""
+    changes: scoring then costs no forward pass again. About 0.6 s a solution on 2 cores (17 minutes
+    for the shipped test set's 1,612)."""
     from prmloop.flows.pools.testset import SHIPPED_DIR, load_testset, seed_in, write_features
 
     folder = directory or SHIPPED_DIR
