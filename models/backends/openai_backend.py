@@ -92,10 +92,11 @@ class OpenAICompatibleBackend:
         try:
             try:
                 response = self._client.post(url, json=body)
-            except httpx.RemoteProtocolError:
+            except (httpx.RemoteProtocolError, httpx.ReadError):
                 # The server closed a kept-alive connection as the request went out (its idle timeout and
-                # this reuse crossed; seen once in an hour's loop): nothing was read, so send it again once,
-                # on a new connection. A request is stateless on the server, and seeded where it samples.
+                # this reuse crossed; seen once in an hour's loop), with an end of stream or, where bytes
+                # of the request were still unread, a reset: no answer came, so send it again once, on a
+                # new connection. A request is stateless on the server, and seeded where it samples.
                 response = self._client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise OpenAIServerError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 
@@ -151,9 +152,31 @@ def test_the_plain_client_has_no_tokenizer_so_steps_come_from_text(client: OpenA
     assert not isinstance(client, Tokenized)
 
 
-def _dropping_server(drops: int) -> tuple[int, list[int], threading.Thread]:
-    """A server that reads each request and closes the connection without an answer ``drops`` times, then
-    answers every request with one completion; returns its port, the requests it read, and its thread."""
+def _read_request(conn: socket.socket) -> None:
+    """Read one whole HTTP request (head and ``Content-Length`` body): a socket closed with bytes still
+    unread sends a reset, not an end of stream, so a partial read would make the close a different fault."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")),
+        0,
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
+def _dropping_server(drops: int, *, reset: bool = False) -> tuple[int, list[int], threading.Thread]:
+    """A server that reads each request and closes the connection without an answer ``drops`` times
+    (with a reset where ``reset``), then answers every request with one completion; returns its port, the
+    requests it read, and its thread."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -170,10 +193,12 @@ def _dropping_server(drops: int) -> tuple[int, list[int], threading.Thread]:
                 except TimeoutError:
                     return
                 with conn:
-                    conn.recv(65536)
+                    _read_request(conn)
                     seen.append(len(seen))
                     if len(seen) > drops:
                         conn.sendall(reply)
+                    elif reset:  # linger 0: close sends RST, as a peer that died or timed out may
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
@@ -182,6 +207,14 @@ def _dropping_server(drops: int) -> tuple[int, list[int], threading.Thread]:
 
 def test_a_connection_the_server_drops_unanswered_is_sent_again_once() -> None:
     port, seen, thread = _dropping_server(drops=1)
+    with OpenAICompatibleBackend(SERVED, base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5) as client:
+        answer = client._post("/completions", {"model": SERVED, "prompt": "x"})
+    thread.join(5)
+    assert len(seen) == 2 and answer["choices"][0]["text"] == " 7"
+
+
+def test_a_connection_the_server_resets_unanswered_is_sent_again_once() -> None:
+    port, seen, thread = _dropping_server(drops=1, reset=True)
     with OpenAICompatibleBackend(SERVED, base_url=f"http://127.0.0.1:{port}/v1", timeout_s=5) as client:
         answer = client._post("/completions", {"model": SERVED, "prompt": "x"})
     thread.join(5)
