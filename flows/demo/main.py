@@ -37,7 +37,7 @@ __all__ = ["DEMO_QUERIES", "DemoError", "DemoSettings", "command_prefix", "next_
 #: Queries the demo ends with (and runs), for the user to try with ``prmloop sql``.
 DEMO_QUERIES = {
     "the loop learning: each retrain's ensemble PRM on the test set, with its 95 % interval": (
-        "SELECT model_id[:8] AS model, train_examples AS trained_on, "
+        "SELECT model_id[-12:] AS model, train_examples AS trained_on, "
         "round(CAST(metrics->>'test_f1' AS DOUBLE), 3) AS test_f1, "
         "round(CAST(metrics->>'test_f1_lo' AS DOUBLE), 3) AS lo, "
         "round(CAST(metrics->>'test_f1_hi' AS DOUBLE), 3) AS hi, "

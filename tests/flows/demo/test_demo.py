@@ -5,6 +5,7 @@ the commands the demo ends with, run as printed in a shell that has only the PAT
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -96,6 +97,8 @@ def test_the_commands_the_demo_ends_with_run_as_printed(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, f"{command}: {done.stderr[-600:]}"
         assert done.stdout.strip(), command
+        if "trained_on" in command:  # each model is told apart by its digest, not its kind's first letters
+            assert len(set(re.findall(r"\b[0-9a-f]{12}\b", done.stdout))) == 2, done.stdout
 
 
 def test_the_prefix_is_plain_prmloop_only_when_the_shell_finds_this_one(tmp_path: Path) -> None:
