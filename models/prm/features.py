@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from prmloop.models.prm.data import encode_solution
-from prmloop.models.prm.step_uncertainty import UNCERTAINTY_FEATURES, digit_tokens, step_uncertainty
+from prmloop.models.prm.step_uncertainty import UNCERTAINTY_FEATURES, digit_tokens, step_token_statistics
 
 __all__ = [
     "FeatureCache",
@@ -213,7 +213,7 @@ class FeatureExtractor:
             rows.append((cursor, cursor + b - a))
             cursor += b - a
         logits = head(last[targets - 1]).float().cpu() if cursor else torch.zeros((0, 1))
-        return step_uncertainty(logits, ids[targets].cpu(), self._digits, rows)
+        return step_token_statistics(logits, ids[targets].cpu(), self._digits, rows)
 
     def _all_states(self, ids: Any, mask: Any) -> tuple[dict[int, Any], Any]:
         """The layers of :attr:`layer_indices` and the final (normed) hidden state, from one full pass."""
@@ -221,23 +221,12 @@ class FeatureExtractor:
         if inner is None:
             raise TypeError(f"{type(self.model).__name__}: no base model at .model; use uncertainty=False for it")
         depth = int(self.model.config.num_hidden_layers)
-        layers = _decoder_layers(self.model)
-        captured: dict[int, Any] = {}
-
-        def keep(layer: int) -> Callable[..., None]:
-            def hook(_module: Any, _inputs: Any, output: Any) -> None:
-                captured[layer] = output[0] if isinstance(output, tuple) else output
-
-            return hook
-
-        handles = [
-            layers[layer - 1].register_forward_hook(keep(layer)) for layer in self.layer_indices if layer < depth
-        ]
-        try:
-            last = inner(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
-        finally:
-            for handle in handles:
-                handle.remove()
+        captured, output = self._capture(
+            [layer for layer in self.layer_indices if layer < depth],
+            lambda: inner(input_ids=ids, attention_mask=mask, use_cache=False),
+            stop=False,
+        )
+        last = output.last_hidden_state
         if depth in self.layer_indices:
             captured[depth] = last  # the last layer's state after the final norm, as output_hidden_states gives it
         return captured, last
@@ -248,26 +237,36 @@ class FeatureExtractor:
         if self.layer_indices[-1] == depth:
             states = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
             return {layer: states[layer] for layer in self.layer_indices}
+        captured, _ = self._capture(
+            self.layer_indices, lambda: self.model(input_ids=ids, attention_mask=mask, use_cache=False), stop=True
+        )
+        return captured
+
+    def _capture(self, indices: Sequence[int], forward: Callable[[], Any], *, stop: bool) -> tuple[dict[int, Any], Any]:
+        """Run ``forward`` with the outputs of the decoder layers ``indices`` (1-based) captured; with
+        ``stop`` the pass ends once the deepest of them has run (and returns None), else its result."""
         layers = _decoder_layers(self.model)
         captured: dict[int, Any] = {}
+        deepest = max(indices, default=0)
 
         def keep(layer: int) -> Callable[..., None]:
             def hook(_module: Any, _inputs: Any, output: Any) -> None:
                 captured[layer] = output[0] if isinstance(output, tuple) else output
-                if layer == self.layer_indices[-1]:
+                if stop and layer == deepest:
                     raise _DeepEnough
 
             return hook
 
-        handles = [layers[layer - 1].register_forward_hook(keep(layer)) for layer in self.layer_indices]
+        handles = [layers[layer - 1].register_forward_hook(keep(layer)) for layer in indices]
+        result = None
         try:
-            self.model(input_ids=ids, attention_mask=mask, use_cache=False)
+            result = forward()
         except _DeepEnough:
             pass
         finally:
             for handle in handles:
                 handle.remove()
-        return captured
+        return captured, result
 
 
 class _DeepEnough(Exception):

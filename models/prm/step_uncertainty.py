@@ -16,9 +16,11 @@ and ``log(1 + n)``; over its digit tokens alone (numbers are where arithmetic go
 ``max g``, ``mean g``, ``log(1 + #{g > 0})`` and ``log(1 + n_digits)`` (0 for each where the step has
 no digit). The step tag after the step is not one of its tokens.
 
-Measured on the shipped test set (docs/scoreboard.md, "Token uncertainty as features"): the heads on
-the hidden state and these 12 numbers beat the hidden state alone at every budget from 60 to 812 exact
-labels, by 0.03-0.08 F1 (paired bootstrap intervals above zero).
+(Not :func:`prmloop.models.uncertainty.step_uncertainty`, UnPRM's ``u(s_t)`` from sampled log-probs,
+which the scorer publishes.) Measured with ``prmloop bench deep --arms frozen,hidden`` on the shipped
+test set's held-out half (docs/scoreboard.md, "Token uncertainty as features"): the heads on the hidden
+state and these 12 numbers beat the hidden state alone by 0.04-0.11 F1 at 30-120 exact labels (paired
+bootstrap intervals above zero), and are within noise of it from 240 labels on (equal at 812).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["UNCERTAINTY_FEATURES", "digit_tokens", "step_uncertainty"]
+__all__ = ["UNCERTAINTY_FEATURES", "digit_tokens", "step_token_statistics"]
 
 #: The names of the statistics, in the order they follow the hidden state in a step's feature row.
 UNCERTAINTY_FEATURES: tuple[str, ...] = (
@@ -58,7 +60,7 @@ def digit_tokens(tokenizer: Any, size: int) -> Any:
     return torch.tensor(flags + [False] * (size - len(flags)), dtype=torch.bool)
 
 
-def step_uncertainty(logits: Any, tokens: Any, digits: Any, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+def step_token_statistics(logits: Any, tokens: Any, digits: Any, spans: Sequence[tuple[int, int]]) -> np.ndarray:
     """``(len(spans), 12)`` float32: the statistics of :data:`UNCERTAINTY_FEATURES` per step.
 
     ``logits[j]`` is the backbone's next-token logits that predict ``tokens[j]`` (row ``j`` read at the

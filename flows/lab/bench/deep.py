@@ -183,19 +183,14 @@ def bench_deep(
         "hidden": FeatureSpec(uncertainty=False),
         "layers": FeatureSpec(layers=tuple(layers)),
     }
-    if "frozen" in arms:
-        feature_sets["frozen"] = frozen_features(specs["frozen"])
-    if "hidden" in arms:
-        feature_sets["hidden"] = frozen_features(specs["hidden"])
-    if "layers" in arms:
-        feature_sets["layers"] = frozen_features(specs["layers"])
+    for arm, spec in specs.items():
+        if arm in arms:
+            feature_sets[arm] = frozen_features(spec)
     for n in budgets:
-        for arm in ("frozen", "hidden", "layers"):
-            if arm not in feature_sets:
-                continue
+        for arm, features in feature_sets.items():
             since, predicted = time.monotonic(), []
             for draw in range(seeds):
-                predicted += heads(_draw(train_pool, n, draw), feature_sets[arm], draw, specs[arm])
+                predicted += heads(_draw(train_pool, n, draw), features, draw, specs[arm])
             first_draw[(arm, n)] = predicted[: len(held)]
             extra = {"layers": list(layers)} if arm == "layers" else {}
             rows.append(row(arm, n, predicted, seeds, since, **extra))
@@ -209,13 +204,13 @@ def bench_deep(
         if "lora_heads" in arms:
             since = time.monotonic()
             merged = prm.model.merge_and_unload().eval()
-            extractor = FeatureExtractor(FeatureSpec(), model=merged, tokenizer=prm.tokenizer, threads=threads)
+            extractor = FeatureExtractor(specs["frozen"], model=merged, tokenizer=prm.tokenizer, threads=threads)
             solutions = [*chosen, *held]
             vectors = extractor.extract([i.problem for i in solutions], [list(i.steps) for i in solutions])
             tuned = dict(zip([i.key for i in solutions], (np.asarray(v) for v in vectors), strict=True))
             predicted = []
             for seed in range(seeds):
-                predicted += heads(chosen, tuned, seed, FeatureSpec())
+                predicted += heads(chosen, tuned, seed, specs["frozen"])
             first_draw[("lora_heads", n)] = predicted[: len(held)]
             rows.append(row("lora_heads", n, predicted, seeds, since, epochs=epochs))
     for r in rows:

@@ -15,7 +15,7 @@ import pytest
 from prmloop.models.prm.ensemble import EnsembleConfig, fit_ensemble
 from prmloop.models.prm.ensemble_prm import EnsemblePRM
 from prmloop.models.prm.features import FeatureExtractor, FeatureSpec
-from prmloop.models.prm.step_uncertainty import UNCERTAINTY_FEATURES, digit_tokens, step_uncertainty
+from prmloop.models.prm.step_uncertainty import UNCERTAINTY_FEATURES, digit_tokens, step_token_statistics
 
 
 def _entropy(p: list[float]) -> float:
@@ -35,7 +35,7 @@ def test_the_statistics_of_hand_computed_distributions() -> None:
         ]
     )
     tokens = torch.tensor([1, 1, 2])
-    stats = step_uncertainty(logits, tokens, digits, [(0, 2), (2, 3), (3, 3)])
+    stats = step_token_statistics(logits, tokens, digits, [(0, 2), (2, 3), (3, 3)])
     assert stats.shape == (3, len(UNCERTAINTY_FEATURES)) == (3, 12)
     h0, h1, h2 = math.log(4), _entropy([3 / 6, 1 / 6, 1 / 6, 1 / 6]), _entropy([1 / 5, 1 / 5, 2 / 5, 1 / 5])
     first = dict(zip(UNCERTAINTY_FEATURES, stats[0], strict=True))
