@@ -8,7 +8,9 @@ serving the deployments) and then drives the loop from this process:
   annotator (counted exactly: solutions this run published less the annotator group's committed
   offsets), one ``feed`` flow run probes ``probe_batch`` new questions and tops up the best of the
   queue (``order=priority``), or samples new questions in the order they come (``order=random``).
-  The backlog never grows past about ``ahead`` plus one feed: backpressure from consumer lag;
+  Up to ``feeds`` run at once, so the next feed's questions are sampled while the last one's slowest
+  solutions finish; a feed still sampling counts as the solutions it will publish, so the backlog
+  never grows past about ``ahead`` plus one feed: backpressure from consumer lag;
 - **retraining**: ``retrain_every`` new accepted labels, or ``retrain_seconds`` with at least one new,
   start a ``retrain`` flow run of the ensemble PRM on every accepted label, promoted on the validation set
   and scored on the shipped test set (:mod:`prmloop.flows.pools.testset`); the validation set
@@ -100,7 +102,10 @@ class Loop(LoopReport):
         self._accepted_at_retrain = 0
         self._trained_snapshot: str | None = None  # the last trained retrain's snapshot (its labels)
         self._committed: CommittedOffsets | None = None
-        self._retry_batch: tuple[list[Question], list[Question]] | None = None
+        # batches of failed feeds, tried again first; the lock guards them, the queue and the counts the
+        # feeds' threads update (``feeds`` of them may run at once)
+        self._retry_batches: list[tuple[list[Question], list[Question]]] = []
+        self._feed_lock = threading.Lock()
         self._feed_retry_at = 0.0
         self._feed_backoff_s = 0.0
         self.stream = QuestionStream(settings.level_list, settings.seed)
@@ -249,14 +254,25 @@ class Loop(LoopReport):
         done = self._committed.total() - self._annotated_at_start if self._committed else 0
         return max(0, self.status.published - done)
 
+    def feed_size(self) -> int:
+        """Solutions one feed publishes: ``probe_k`` of each probed question, ``k - probe_k`` of each topped up
+        (``k`` of each question in random order)."""
+        if self.s.order == "random":
+            return self.s.probe_batch * self.s.k
+        return self.s.probe_batch * self.s.probe_k + self.s.top_up_batch * max(0, self.s.k - self.s.probe_k)
+
     def _maybe_feed(self) -> None:
-        if self._busy("feed") or time.monotonic() < self._feed_retry_at:
+        running = sum(1 for t in self._threads if t.name == "feed" and t.is_alive())
+        # in process (transformers) a feed runs the model itself: two at once would only share its cores
+        limit = self.s.feeds if self.status.engine == "vllm" else 1
+        if running >= limit or time.monotonic() < self._feed_retry_at:
             return
         self.status.waiting = self.waiting()
-        if self.status.waiting >= self.s.ahead:
+        # the feeds still sampling will publish theirs too: the backlog stays under about ``ahead`` plus a feed
+        if self.status.waiting + running * self.feed_size() >= self.s.ahead:
             return
-        probe, top_up = self._retry_batch or self._next_batch()
-        self.status.feed_running = True
+        with self._feed_lock:
+            probe, top_up = self._retry_batches.pop(0) if self._retry_batches else self._next_batch()
         if self.status.first_feed_at is None:
             self.status.first_feed_at = self.status.elapsed()
         self._background("feed", lambda: self._feed(probe, top_up))
@@ -281,28 +297,33 @@ class Loop(LoopReport):
             threads=self.s.threads,
             prm=Path(self.status.prm) if self.status.prm and self.s.order == "priority" else None,
         )
+        with self._feed_lock:
+            self.status.feeds_running += 1
         try:
             out = run_feed(probe, top_up, settings, bootstrap_servers=self.servers, prefect=self.use_prefect)
         except Exception:
             # The same questions again later (the engine may be restarting): 10 s, then twice as long, up to 2 min.
-            self._retry_batch = (probe, top_up)
-            self._feed_backoff_s = min(120.0, 2 * self._feed_backoff_s) if self._feed_backoff_s else 10.0
-            self._feed_retry_at = time.monotonic() + self._feed_backoff_s
+            with self._feed_lock:
+                self._retry_batches.append((probe, top_up))
+                self._feed_backoff_s = min(120.0, 2 * self._feed_backoff_s) if self._feed_backoff_s else 10.0
+                self._feed_retry_at = time.monotonic() + self._feed_backoff_s
             raise
         finally:
-            self.status.feed_running = False
-        self._retry_batch, self._feed_backoff_s = None, 0.0
+            with self._feed_lock:
+                self.status.feeds_running -= 1
         by_id = {q.id: q for q in probe}
-        for row in out["probed"]:
-            question = by_id.get(row["question_id"])
-            if question is not None:
-                self._queue[question.id] = (float(row["priority"]), question)
-        if len(self._queue) > MAX_QUEUE:  # a run of days keeps the best; the rest would never be topped up
-            kept = sorted(self._queue.items(), key=lambda kv: -kv[1][0])[:MAX_QUEUE]
-            self._queue = dict(kept)
-        self.status.published += int(out["solutions"])
-        self.status.feeds += 1
-        self.status.queue = len(self._queue)
+        with self._feed_lock:
+            self._feed_backoff_s = 0.0
+            for row in out["probed"]:
+                question = by_id.get(row["question_id"])
+                if question is not None:
+                    self._queue[question.id] = (float(row["priority"]), question)
+            if len(self._queue) > MAX_QUEUE:  # a run of days keeps the best; the rest would never be topped up
+                kept = sorted(self._queue.items(), key=lambda kv: -kv[1][0])[:MAX_QUEUE]
+                self._queue = dict(kept)
+            self.status.published += int(out["solutions"])
+            self.status.feeds += 1
+            self.status.queue = len(self._queue)
 
     # -- retraining ----------------------------------------------------------------------------------
     def accepted(self) -> int:

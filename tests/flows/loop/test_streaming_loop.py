@@ -4,6 +4,7 @@ later run goes on, the engine meter's busy fraction, the overlap measure, and wh
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
 import pytest
@@ -214,13 +215,77 @@ def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
     probe, top_up = loop._next_batch()
     with pytest.raises(ConnectionError):
         loop._feed(probe, top_up)
-    assert loop._retry_batch == (probe, top_up) and loop._feed_backoff_s == 10.0
+    assert loop._retry_batches == [(probe, top_up)] and loop._feed_backoff_s == 10.0
     assert loop._feed_retry_at > time.monotonic() + 5
     loop._maybe_feed()  # too early: nothing starts
     assert not loop._busy("feed") and len(calls) == 1
     with pytest.raises(ConnectionError):
-        loop._feed(*loop._retry_batch)
+        loop._feed(*loop._retry_batches.pop(0))
     assert loop._feed_backoff_s == 20.0 and calls[0] == calls[1]  # the same questions, backing off
+    assert loop.status.feeds_running == 0
+
+
+def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_sampling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from prmloop.flows import feed
+
+    release = threading.Event()
+    started: list[list[str]] = []
+
+    def slow(probe: list, top_up: list, settings: object, **kwargs: object) -> dict:
+        started.append([q.id for q in probe])
+        release.wait(30)
+        return {"probed": [], "solutions": 18}
+
+    monkeypatch.setattr(feed, "run_feed", slow)
+    loop = Loop(LoopSettings(feeds=2, probe_batch=6, probe_k=2, top_up_batch=3, k=4, ahead=48), home=tmp_path)
+    assert loop.feed_size() == 18  # 6 probed x 2 + 3 topped up x (4 - 2)
+    waiting = {"n": 0}
+    monkeypatch.setattr(loop, "waiting", lambda: waiting["n"])
+    loop.status.engine = "vllm"  # in process (transformers) one feed at a time: it runs the model itself
+    try:
+        for _ in range(3):
+            loop._maybe_feed()
+        deadline = time.monotonic() + 10
+        while len(started) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(started) == 2 and loop.status.feeds_running == 2  # the third waits for a place
+        assert set(started[0]).isdisjoint(started[1])  # each feed its own new questions
+    finally:
+        release.set()
+    for thread in loop._threads:
+        thread.join(10)
+    assert loop.status.feeds_running == 0 and loop.status.published == 36 and loop.status.feeds == 2
+
+    # one feed still sampling counts as its 18 solutions: 30 waiting + 18 reach --ahead 48, so no second
+    release.clear()
+    waiting["n"] = 30
+    try:
+        loop._maybe_feed()
+        loop._maybe_feed()
+        assert loop.unfinished().count("feed") == 1
+        waiting["n"] = 29
+        loop._maybe_feed()
+        assert loop.unfinished().count("feed") == 2
+    finally:
+        release.set()
+    for thread in loop._threads:
+        thread.join(10)
+
+    release.clear()
+    waiting["n"] = 0
+    loop.status.engine = "transformers"
+    try:
+        loop._maybe_feed()
+        loop._maybe_feed()
+        assert loop.unfinished().count("feed") == 1
+    finally:
+        release.set()
+    for thread in loop._threads:
+        thread.join(10)
 
 
 def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
