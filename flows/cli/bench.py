@@ -211,6 +211,14 @@ def bench_replay_cmd(
     concurrency: Annotated[int, typer.Option(min=1, help="requests in flight at once in the replay")] = 64,
     skip_s: Annotated[float, typer.Option(min=0, help="leave out the run's first seconds (its warm-up)")] = 60.0,
     threads: Annotated[int | None, typer.Option(min=1, help="the engine's CPU threads (default: the loop's)")] = None,
+    at_loop: Annotated[
+        bool,
+        typer.Option(
+            "--at-loop",
+            help="replay again at the loop's own requests in flight: splits the gap into batch_factor x "
+            "contention_factor (takes as long again)",
+        ),
+    ] = False,
 ) -> None:
     """The engine's own tokens a second on a recorded run's requests (`prmloop run --record-requests`), sent
     again at full concurrency to an engine of the bench's own, against the tokens a second the loop got
@@ -223,7 +231,9 @@ def bench_replay_cmd(
     folder = requests or StateSettings().home / "requests"
 
     try:
-        result = bench_replay(folder, concurrency=concurrency, skip_s=skip_s, threads=threads, say=progress_line)
+        result = bench_replay(
+            folder, concurrency=concurrency, skip_s=skip_s, threads=threads, at_loop=at_loop, say=progress_line
+        )
     except (ValueError, OSError, EngineError) as exc:
         print_error(f"bench replay: {exc}")
         raise typer.Exit(1) from None

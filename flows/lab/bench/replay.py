@@ -13,7 +13,14 @@ does in the loop) and reports:
 - ``replay_tokens_per_s``: the same requests' tokens over the replay's wall time;
 - ``loop_to_replay``: their ratio (issue 55's target: at least 0.8);
 - ``replay_engine_cores`` and ``replay_idle_cores``: the engine's processes' CPU and the machine's idle
-  CPU during the replay (from ``/proc``), beside the loop's own (its JSON's ``cpu_s``).
+  CPU during the replay (from ``/proc``);
+- ``loop_cores``: the loop's own, where the run left its figures beside the requests
+  (``$PRMLOOP_HOME/loop/last-run.json``): the engine's cores and the other processes' over the run;
+- with ``--at-loop``, the same requests replayed again at the loop's own requests in flight (its mean,
+  rounded up), which splits the gap in two: ``batch_factor`` (the engine alone at the loop's batch
+  against full concurrency: what more requests in flight could win) times ``contention_factor`` (the
+  loop against the engine alone at its own batch: what the loop's other work and its gaps cost) is
+  ``loop_to_replay``.
 
 Both figures come from one machine: compare the ratio, not the tokens a second, across machines.
 """
@@ -21,6 +28,8 @@ Both figures come from one machine: compare the ratio, not the tokens a second, 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import threading
 import time
@@ -41,7 +50,7 @@ from prmloop.flows.ops.engine import (
 )
 from prmloop.models.backends.request_log import read_requests
 
-__all__ = ["bench_replay", "loop_figures"]
+__all__ = ["bench_replay", "gap_factors", "loop_figures", "run_cores"]
 
 
 def loop_figures(rows: list[dict[str, Any]], skip_s: float = 0.0) -> dict[str, Any]:
@@ -68,6 +77,33 @@ def loop_figures(rows: list[dict[str, Any]], skip_s: float = 0.0) -> dict[str, A
         "span_s": round(span, 1),
         "tokens_per_s": round(tokens / span, 2),
         "mean_in_flight": round(sum(float(row["s"]) for row in kept) / span, 2),
+    }
+
+
+def run_cores(run_json: Path) -> dict[str, float] | None:
+    """The recorded run's cores: its engine's and the other processes' CPU-seconds over its wall time, from
+    the JSON ``prmloop run`` leaves (``cpu_s``, ``wall_s``); None where there is none or it lacks them."""
+    try:
+        result = json.loads(run_json.read_text())
+        cpu = {str(k): float(v) for k, v in result["cpu_s"].items()}
+        wall = float(result["wall_s"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if wall <= 0 or "engine" not in cpu:
+        return None
+    return {
+        "engine": round(cpu["engine"] / wall, 2),
+        "others": round(sum(v for k, v in cpu.items() if k != "engine") / wall, 2),
+    }
+
+
+def gap_factors(loop_tps: float, replay_tps: float, at_loop_tps: float) -> dict[str, float | None]:
+    """``loop / replay`` split as ``(at_loop / replay) * (loop / at_loop)``: the batch and the rest."""
+    if replay_tps <= 0 or at_loop_tps <= 0:
+        return {"batch_factor": None, "contention_factor": None}
+    return {
+        "batch_factor": round(at_loop_tps / replay_tps, 3),
+        "contention_factor": round(loop_tps / at_loop_tps, 3),
     }
 
 
@@ -152,9 +188,11 @@ def bench_replay(
     concurrency: int = 64,
     skip_s: float = 60.0,
     threads: int | None = None,
+    at_loop: bool = False,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The recorded run's tokens a second against the same requests replayed at full concurrency."""
+    """The recorded run's tokens a second against the same requests replayed at full concurrency (and, with
+    ``at_loop``, again at the loop's own requests in flight, on the same engine)."""
     rows = read_requests(folder)
     loop = loop_figures(rows, skip_s)
     start = float(rows[0]["t"]) + skip_s
@@ -173,6 +211,17 @@ def bench_replay(
         port = url.rsplit(":", 1)[1].split("/")[0]
         with _metered(_server_group(port)) as cpu:
             replayed = replay(url, bodies, concurrency, say)
+        at = None
+        if at_loop:
+            own = max(1, math.ceil(loop["mean_in_flight"]))
+            say(f"replay: again at the loop's own {own} in flight")
+            at = replay(url, bodies, own, say) | {"concurrency": own}
+    extra: dict[str, Any] = {}
+    if at is not None:
+        extra = {
+            "replay_at_loop": at,
+            **gap_factors(loop["tokens_per_s"], replayed["tokens_per_s"], at["tokens_per_s"]),
+        }
     return {
         "bench": "replay",
         "requests_from": str(folder),
@@ -189,6 +238,8 @@ def bench_replay(
         else None,
         "replay_engine_cores": cpu["engine_cores"],
         "replay_idle_cores": cpu["idle_cores"],
+        "loop_cores": run_cores(folder.parent / "loop" / "last-run.json"),
+        **extra,
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
     }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.lab.bench.replay import loop_figures, replay
+from prmloop.flows.lab.bench.replay import gap_factors, loop_figures, replay, run_cores
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
 from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE, read_requests
@@ -81,3 +81,22 @@ def test_the_client_records_each_completion_request_without_its_key_and_the_repl
 def test_a_refused_request_counts_as_an_error_not_as_tokens(tiny_server_url: str) -> None:
     replayed = replay(tiny_server_url, [{"prompt": "x", "max_tokens": 4}], 2, print, model="no-such-model")
     assert (replayed["requests"], replayed["errors"], replayed["tokens"]) == (1, 1, 0)
+
+
+def test_the_gap_splits_into_the_batch_and_the_rest_whose_product_is_the_ratio() -> None:
+    # the engine alone: 54 tokens/s at 64 in flight, 45 at the loop's 9; the loop got 27
+    factors = gap_factors(27.0, 54.0, 45.0)
+    assert factors == {"batch_factor": 0.833, "contention_factor": 0.6}
+    assert factors["batch_factor"] * factors["contention_factor"] == pytest.approx(27.0 / 54.0, abs=1e-3)
+    assert gap_factors(27.0, 54.0, 0.0) == {"batch_factor": None, "contention_factor": None}
+
+
+def test_the_runs_cores_come_from_its_cpu_seconds_over_its_wall_time(tmp_path: Path) -> None:
+    run = tmp_path / "last-run.json"
+    run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"engine": 520.0, "driver": 60.0, "selector": 40.0}}))
+    assert run_cores(run) == {"engine": 1.3, "others": 0.25}
+    assert run_cores(tmp_path / "missing.json") is None
+    run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"driver": 60.0}}))  # transformers: no engine
+    assert run_cores(run) is None
+    run.write_text("{not json")
+    assert run_cores(run) is None
