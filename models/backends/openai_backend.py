@@ -11,11 +11,16 @@ token ids; a server that ignores the extension is refused with an explanation ra
 - :meth:`score` tokenises prompt and continuation separately with the server's ``/tokenize``
   (vLLM's extension), then sends the ids with ``echo=true`` and reads the continuation's prompt
   log-probabilities: the same tokenisation as the in-process :class:`Scorer`.
+
+``base_url`` may name several servers of the same model, separated by commas (replicas: say one
+one-thread vLLM engine per core). Each request then goes to the server with the fewest of this client's
+requests in flight, the least used on a tie, so a client's concurrent requests spread over them.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +46,7 @@ class OpenAICompatibleBackend:
 
     Attributes:
         model_name: the served model name sent as ``model`` (``vllm serve --served-model-name``).
-        base_url: the server's API root, ending in ``/v1``.
+        base_url: the server's API root, ending in ``/v1``; several servers separated by commas.
         max_concurrency: requests in flight at once for multi-prompt calls.
     """
 
@@ -59,19 +64,26 @@ class OpenAICompatibleBackend:
         import httpx
 
         self.model_name = model_name
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = tuple(u.strip().rstrip("/") for u in base_url.split(",") if u.strip())
+        if not self.base_urls:
+            raise ValueError(
+                f"base_url {base_url!r} names no server: give http://HOST:PORT/v1 (several: comma-separated)"
+            )
+        self.base_url = ",".join(self.base_urls)
         self.default_params = default_params or SamplingParams()
         self.max_concurrency = max(1, max_concurrency)
         self.add_special_tokens = add_special_tokens
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout_s)
-        # /tokenize is served at the root by vLLM (not under /v1).
-        self._root = self.base_url.removesuffix("/v1")
+        self._clients = [httpx.Client(base_url=u, headers=headers, timeout=timeout_s) for u in self.base_urls]
+        self._in_flight = [0] * len(self._clients)
+        self._used = [0] * len(self._clients)
+        self._pick_lock = threading.Lock()
         # $PRMLOOP_REQUEST_LOG: completion requests recorded for `prmloop bench replay` (default: none).
         self._request_log = RequestLog.from_environment()
 
     def close(self) -> None:
-        self._client.close()
+        for client in self._clients:
+            client.close()
         if self._request_log is not None:
             self._request_log.close()
 
@@ -85,32 +97,48 @@ class OpenAICompatibleBackend:
     # HTTP
     # ---------------------------------------------------------------------------------------------
 
-    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _pick(self) -> int:
+        """The server with the fewest of this client's requests in flight (the least used on a tie)."""
+        with self._pick_lock:
+            index = min(range(len(self._clients)), key=lambda i: (self._in_flight[i], self._used[i], i))
+            self._in_flight[index] += 1
+            self._used[index] += 1
+            return index
+
+    def _post(self, path: str, body: dict[str, Any], *, at_root: bool = False) -> dict[str, Any]:
+        """POST ``body`` to ``path`` under ``/v1`` (``at_root``: under the server's root, as vLLM's
+        ``/tokenize``) of the least busy server."""
         import httpx
 
+        index = self._pick()
+        client, where = self._clients[index], self.base_urls[index]
+        url = f"{where.removesuffix('/v1')}{path}" if at_root else path
         started, clock = time.time(), time.perf_counter()
         try:
             try:
-                response = self._client.post(url, json=body)
+                response = client.post(url, json=body)
             except (httpx.RemoteProtocolError, httpx.ReadError):
                 # The server closed a kept-alive connection as the request went out (its idle timeout and
                 # this reuse crossed; seen once in an hour's loop), with an end of stream or, where bytes
                 # of the request were still unread, a reset: no answer came, so send it again once, on a
                 # new connection. A request is stateless on the server, and seeded where it samples.
-                response = self._client.post(url, json=body)
+                response = client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise OpenAIServerError(
-                f"cannot reach the completions server at {self.base_url} ({type(exc).__name__}: {exc}); "
+                f"cannot reach the completions server at {where} ({type(exc).__name__}: {exc}); "
                 "is it running (`vllm serve ...` or `prmloop serve`) and is base_url right?"
             ) from exc
+        finally:
+            with self._pick_lock:
+                self._in_flight[index] -= 1
         if response.status_code != 200:
             try:
                 message = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = response.text[:500]
-            raise OpenAIServerError(f"POST {url} answered HTTP {response.status_code}: {message}")
+            raise OpenAIServerError(f"POST {url} at {where} answered HTTP {response.status_code}: {message}")
         payload: dict[str, Any] = response.json()
-        if self._request_log is not None and url == "/completions":
+        if self._request_log is not None and path == "/completions" and not at_root:
             self._request_log.record(started, time.perf_counter() - clock, body, payload.get("usage"))
         return payload
 
@@ -223,14 +251,15 @@ class OpenAICompatibleBackend:
         """Text of ``token_ids`` from the server's ``/detokenize`` (vLLM extension; also served by prmloop serve)."""
         if not token_ids:
             return ""
-        payload = self._post(f"{self._root}/detokenize", {"model": self.model_name, "tokens": list(token_ids)})
+        payload = self._post("/detokenize", {"model": self.model_name, "tokens": list(token_ids)}, at_root=True)
         return str(payload["prompt"])
 
     def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids from the server's ``/tokenize`` (vLLM extension; also served by prmloop serve)."""
         payload = self._post(
-            f"{self._root}/tokenize",
+            "/tokenize",
             {"model": self.model_name, "prompt": text, "add_special_tokens": add_special_tokens},
+            at_root=True,
         )
         return [int(t) for t in payload["tokens"]]
 

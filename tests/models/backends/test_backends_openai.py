@@ -229,3 +229,63 @@ def test_a_server_that_drops_twice_is_reported_not_retried_forever() -> None:
     ):
         client._post("/completions", {"model": SERVED, "prompt": "x"})
     assert len(seen) == 2  # the first try and one more, no third
+
+
+def _counting_server(backend: TransformersBackend) -> tuple[object, str, list[int]]:
+    """A second real server on the tiny model that counts the completions it answers."""
+    from prmloop.flows.ops.serve import CompletionServer, make_http_server
+
+    calls = [0]
+    lock = threading.Lock()
+
+    class Counting(CompletionServer):
+        def completions(self, body: dict[str, object]) -> dict[str, object]:
+            with lock:
+                calls[0] += 1
+            return super().completions(body)
+
+    httpd = make_http_server(Counting(backend, SERVED))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    host, port = httpd.server_address[:2]
+    return httpd, f"http://{host!s}:{port}/v1", calls
+
+
+def test_several_servers_share_a_clients_requests_and_answer_as_one(tiny_backend: TransformersBackend) -> None:
+    servers = [_counting_server(tiny_backend) for _ in range(2)]
+    urls = ",".join(url for _, url, _ in servers)
+    try:
+        with OpenAICompatibleBackend(SERVED, base_url=f" {urls}, ", timeout_s=60, max_concurrency=4) as client:
+            assert client.base_urls == tuple(url for _, url, _ in servers)
+            params = SamplingParams(max_new_tokens=6, seed=3)
+            # one at a time: none in flight, so the least used: they take turns
+            for _ in range(4):
+                assert client.rollouts(PROMPTS[1], 2, params) == tiny_backend.rollouts(PROMPTS[1], 2, params)
+            assert [calls[0] for _, _, calls in servers] == [2, 2]
+            # eight prompts, four in flight at once: both servers answer, every answer as in process
+            prompts = [f"Question: what is {i} + {i}?\nAnswer:" for i in range(8)]
+            remote = client.generate(prompts, SamplingParams(max_new_tokens=4, seed=1))
+            assert remote == [tiny_backend.generate([p], SamplingParams(max_new_tokens=4, seed=1))[0] for p in prompts]
+            counts = [calls[0] - 2 for _, _, calls in servers]
+            assert sum(counts) == 8 and min(counts) >= 2
+            # the root's /tokenize works on whichever server is picked
+            assert (
+                client.tokenize("2 + 2")
+                == client.tokenize("2 + 2")
+                == tiny_backend.tokenizer.encode("2 + 2", add_special_tokens=False)
+            )
+    finally:
+        for httpd, _, _ in servers:
+            httpd.shutdown()  # type: ignore[attr-defined]
+            httpd.server_close()  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="names no server"):
+        OpenAICompatibleBackend(SERVED, base_url=" , ")
+
+
+def test_a_dead_server_among_several_is_named_in_the_error(tiny_server_url: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with OpenAICompatibleBackend(SERVED, base_url=f"{tiny_server_url},{dead}", timeout_s=5) as client:
+        client.rollouts(PROMPTS[0], 1, SamplingParams(max_new_tokens=2))  # the first server: least used
+        with pytest.raises(OpenAIServerError, match=f"at {dead}"):
+            client.rollouts(PROMPTS[0], 1, SamplingParams(max_new_tokens=2))
