@@ -105,7 +105,19 @@ def _engine_threads(threads: int | None) -> None:
 @app.command()
 def engine(
     threads: Annotated[
-        int | None, typer.Option(min=1, help="the engine's OpenMP threads (default: the cores, at most 2)")
+        int | None,
+        typer.Option(
+            min=1, help="the engine's OpenMP threads (default: the cores, at most 2; with --replicas: 1 each)"
+        ),
+    ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=16,
+            help="servers of the model under one engine, the services' requests spread over them "
+            "(default: $PRMLOOP_ENGINE_REPLICAS, else 1)",
+        ),
     ] = None,
 ) -> None:
     """Start the machine's vLLM engine in the background (an OpenAI-compatible server on a free port,
@@ -118,6 +130,8 @@ def engine(
     from prmloop.flows.ops.stack import up as start
 
     _engine_threads(threads)
+    if replicas is not None:
+        os.environ["PRMLOOP_ENGINE_REPLICAS"] = str(replicas)
     summary = start(["engine"], say=progress_line)
     url = summary["running"]["engine"]["url"]
     progress_line(f"vLLM engine: {url}  (one command: prmloop sample --backend openai --base-url {url})")

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -348,7 +347,7 @@ class EngineMeter:
 
     def __init__(self, url: str, interval_s: float = 0.5, started: float | None = None) -> None:
         """``started``: the ``time.monotonic()`` its times count from (the loop's start)."""
-        self.metrics_url = url.removesuffix("/v1") + "/metrics"
+        self.url = url  # replicas: their URLs comma-separated, their metrics summed
         self.interval_s = interval_s
         self.buckets: dict[int, list[int]] = {}
         self.tokens: list[tuple[float, float]] = []
@@ -367,12 +366,11 @@ class EngineMeter:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        from prmloop.flows.ops.engine import parse_metrics
+        from prmloop.flows.ops.engine import read_metrics
 
         while not self._stop.wait(self.interval_s):
             try:
-                with urllib.request.urlopen(self.metrics_url, timeout=2) as response:
-                    metrics = parse_metrics(response.read().decode())
+                metrics = read_metrics(self.url)
             except OSError:
                 continue
             self.record(time.monotonic() - self.started, metrics)

@@ -36,6 +36,13 @@ Settings for vLLM's CPU build, each measured on this 2-core machine (ARCHITECTUR
   32 most recent primitives per weight shape, so the smaller cache recompiles only a count that comes
   back after both have let it go. A value the user exported wins.
 
+Replicas (``PRMLOOP_ENGINE_REPLICAS=N``, ``prmloop engine --replicas N``): N servers of one thread each
+(unless ``--threads`` says otherwise) under one supervisor (:mod:`prmloop.flows.ops.replicas`), recorded
+as one engine whose URL lists theirs, comma-separated. The services' client spreads its requests over
+them (least in flight), and the loop's meter and ``prmloop status`` sum their ``/metrics``. Two engines of
+one thread alone make what one of two threads makes, and neither waits on the other when another process
+takes a core from it (docs/loop.md, "Where the gap goes").
+
 The engine asks every ``/v1`` request for the credentials' API key (``VLLM_API_KEY``:
 :func:`engine_key_environment`); the services get it with its address (:func:`service_environment`).
 """
@@ -75,9 +82,12 @@ __all__ = [
     "engine_environment",
     "engine_key_environment",
     "engine_load",
+    "engine_replicas",
     "engine_unavailable",
+    "engine_urls",
     "gpu_present",
     "group_cpu_ticks",
+    "read_metrics",
     "service_environment",
     "vllm_python",
 ]
@@ -273,17 +283,41 @@ def service_environment(url: str, home: Path | None = None) -> dict[str, str]:
     return env
 
 
+REPLICAS_VARIABLE = "PRMLOOP_ENGINE_REPLICAS"
+
+
+def engine_replicas(env: dict[str, str] | None = None) -> int:
+    """Engine servers to start (``$PRMLOOP_ENGINE_REPLICAS``, default 1).
+
+    Raises:
+        EngineError: the variable is not a whole number from 1 to 16.
+    """
+    value = (os.environ if env is None else env).get(REPLICAS_VARIABLE, "").strip() or "1"
+    if not value.isdigit() or not 1 <= int(value) <= 16:
+        raise EngineError(f"{REPLICAS_VARIABLE}={value!r}: give a whole number of engine servers from 1 to 16")
+    return int(value)
+
+
+def engine_urls(url: str) -> list[str]:
+    """The servers of an engine's URL (replicas list theirs, comma-separated)."""
+    return [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+
+
 def wait_ready(url: str, timeout_s: float, alive: Any) -> bool:
-    """Wait until the server at ``url`` (``/v1``) answers ``/health``; False if ``alive()`` turns False."""
-    health = url.removesuffix("/v1") + "/health"
+    """Wait until every server of ``url`` (``/v1``; replicas: comma-separated) answers ``/health``; False if
+    ``alive()`` turns False first."""
+    waiting = [u.removesuffix("/v1") + "/health" for u in engine_urls(url)]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(health, timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
+        for health in list(waiting):
+            try:
+                with urllib.request.urlopen(health, timeout=2) as response:
+                    if response.status == 200:
+                        waiting.remove(health)
+            except OSError:
+                pass
+        if not waiting:
+            return True
         if not alive():
             return False
         time.sleep(1.0)
@@ -313,6 +347,20 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def read_metrics(url: str, timeout_s: float = 2.0) -> dict[str, float]:
+    """The engine's load, summed over its servers' ``/metrics`` (replicas: every one must answer).
+
+    Raises:
+        OSError: a server did not answer.
+    """
+    out: dict[str, float] = {}
+    for server in engine_urls(url):
+        with urllib.request.urlopen(server.removesuffix("/v1") + "/metrics", timeout=timeout_s) as response:
+            for key, value in parse_metrics(response.read().decode()).items():
+                out[key] = out.get(key, 0.0) + value
+    return out
+
+
 def group_cpu_ticks(pgid: int) -> int:
     """CPU ticks (user + system) of every process in the process group ``pgid`` (the engine's children too)."""
     total = 0
@@ -335,8 +383,8 @@ def engine_load(pid: int, url: str | None, sample_s: float = 0.5) -> dict[str, A
     load["cpu_cores_busy"] = round((group_cpu_ticks(pid) - before) / ticks / sample_s, 2)
     if url:
         try:
-            with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=2) as response:
-                load.update({k: round(v, 4) for k, v in parse_metrics(response.read().decode()).items()})
+            load.update({k: round(v, 4) for k, v in read_metrics(url).items()})
+            load["servers"] = len(engine_urls(url))
         except OSError as exc:
             load["metrics"] = f"unavailable ({type(exc).__name__})"
     return load

@@ -224,6 +224,25 @@ def _command(name: str, port: int | None) -> list[str]:
     raise ValueError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
 
 
+def _replicas(env: dict[str, str]) -> int:
+    from prmloop.flows.ops.engine import engine_replicas
+
+    return engine_replicas(env)
+
+
+def _distinct_ports(first: int, n: int) -> list[int]:
+    ports = [first]
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def _replicas_command(ports: list[int]) -> list[str]:
+    return [sys.executable, "-m", "prmloop.flows.ops.replicas", "--ports", ",".join(map(str, ports))]
+
+
 def _wait(ready: Callable[[], bool], timeout_s: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -249,7 +268,10 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
 def _launch(state: StateSettings, name: str, env: dict[str, str]) -> tuple[ServiceState, subprocess.Popen[bytes]]:
     """Start ``name`` in a session of its own and record it; :func:`_await` waits until it serves."""
     port = free_port() if name in ("prefect", "engine") else None
-    argv = _command(name, port)
+    replicas = _replicas(env) if name == "engine" else 1
+    ports = _distinct_ports(port, replicas) if port else []
+    # replicas: one process runs a server per port (flows/ops/replicas.py), recorded as one engine
+    argv = _command(name, port) if replicas == 1 else _replicas_command(ports)
     logs = state.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     state.run_dir.mkdir(parents=True, exist_ok=True)
@@ -261,12 +283,16 @@ def _launch(state: StateSettings, name: str, env: dict[str, str]) -> tuple[Servi
         from prmloop.flows.ops.engine import engine_environment, engine_key_environment
 
         threads = env.get("PRMLOOP_ENGINE_THREADS")
-        env = {**env, **engine_environment(int(threads) if threads else None), **engine_key_environment(state.home)}
+        # replicas get one thread each unless told: they share the cores, and none waits on another
+        each = int(threads) if threads else (None if replicas == 1 else 1)
+        env = {**env, **engine_environment(each), **engine_key_environment(state.home)}
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
         )
     url = (f"http://127.0.0.1:{port}/v1" if name == "engine" else f"http://127.0.0.1:{port}/api") if port else None
+    if name == "engine" and replicas > 1:
+        url = ",".join(f"http://127.0.0.1:{p}/v1" for p in ports)
     record = ServiceState(name, process.pid, argv, time.time(), str(log), url)
     _record(state, name).write_text(json.dumps(record.__dict__))
     return record, process
