@@ -38,8 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from prmloop.flows.loop.feeding import MAX_QUEUE, LoopFeeding
 from prmloop.flows.loop.report import LoopReport
 from prmloop.flows.loop.settings import LoopError, LoopSettings, LoopStatus, QuestionStream, Retrain, sampled_indices
 from prmloop.flows.loop.watch import (
@@ -52,21 +52,19 @@ from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
 
-__all__ = ["KEEP_RUNNING", "LOOP_SERVICES", "Loop", "LoopError", "LoopSettings", "QuestionStream"]
+__all__ = ["KEEP_RUNNING", "LOOP_SERVICES", "MAX_QUEUE", "Loop", "LoopError", "LoopSettings", "QuestionStream"]
 
 log = logging.getLogger(__name__)
 
 #: What the loop starts, in ``prmloop up``'s order (the engine when there is one).
 LOOP_SERVICES: tuple[str, ...] = tuple(s for s in SERVICES if s != "engine")
-#: Probed questions the driver keeps in its queue at most (the best by priority).
-MAX_QUEUE = 500
 #: the run's figures the learning-curve artifact shows (:func:`~prmloop.flows.monitor.publish_curve`)
 CURVE_FIGURES = ("accepted_labels", "accepted_per_minute", "engine_busy_fraction", "f1_curve")
 #: What keeps running when the loop stops: nothing published is lost, the UI stays up.
 KEEP_RUNNING: frozenset[str] = frozenset({"broker", "sink", "prefect", "deployments"})
 
 
-class Loop(LoopReport):
+class Loop(LoopReport, LoopFeeding):
     """The streaming loop's driver (see the module docstring): :meth:`start`, :meth:`run`, :meth:`stop`."""
 
     def __init__(
@@ -248,83 +246,6 @@ class Loop(LoopReport):
             # The annotator finishes the solutions in hand (rollouts: seconds each) before it commits.
             down(stop, state=self.state, say=self.say, grace_s=grace_s)
 
-    # -- feeding -------------------------------------------------------------------------------------
-    def waiting(self) -> int:
-        """Solutions this run published that the annotator has not finished (exact: committed offsets)."""
-        done = self._committed.total() - self._annotated_at_start if self._committed else 0
-        return max(0, self.status.published - done)
-
-    def feed_size(self) -> int:
-        """Solutions one feed publishes: ``probe_k`` of each probed question, ``k - probe_k`` of each topped up
-        (``k`` of each question in random order)."""
-        if self.s.order == "random":
-            return self.s.probe_batch * self.s.k
-        return self.s.probe_batch * self.s.probe_k + self.s.top_up_batch * max(0, self.s.k - self.s.probe_k)
-
-    def _maybe_feed(self) -> None:
-        running = sum(1 for t in self._threads if t.name == "feed" and t.is_alive())
-        # in process (transformers) a feed runs the model itself: two at once would only share its cores
-        limit = self.s.feeds if self.status.engine == "vllm" else 1
-        if running >= limit or time.monotonic() < self._feed_retry_at:
-            return
-        self.status.waiting = self.waiting()
-        # the feeds still sampling will publish theirs too: the backlog stays under about ``ahead`` plus a feed
-        if self.status.waiting + running * self.feed_size() >= self.s.ahead:
-            return
-        with self._feed_lock:
-            probe, top_up = self._retry_batches.pop(0) if self._retry_batches else self._next_batch()
-        if self.status.first_feed_at is None:
-            self.status.first_feed_at = self.status.elapsed()
-        self._background("feed", lambda: self._feed(probe, top_up))
-
-    def _next_batch(self) -> tuple[list[Question], list[Question]]:
-        if self.s.order == "random":
-            return [], self.stream.take(self.s.probe_batch)
-        ranked = sorted(self._queue.items(), key=lambda kv: (-kv[1][0], kv[0]))[: self.s.top_up_batch]
-        for question_id, _ in ranked:
-            del self._queue[question_id]
-        return self.stream.take(self.s.probe_batch), [q for _, (_, q) in ranked]
-
-    def _feed(self, probe: list[Question], top_up: list[Question]) -> None:
-        from prmloop.flows.feed import FeedSettings, run_feed
-
-        settings = FeedSettings(
-            **_sampling_engine(),
-            k=self.s.k,
-            probe_k=self.s.probe_k if self.s.order == "priority" else 0,
-            max_new_tokens=self.s.max_new_tokens,
-            seed=self.s.seed,
-            threads=self.s.threads,
-            prm=Path(self.status.prm) if self.status.prm and self.s.order == "priority" else None,
-        )
-        with self._feed_lock:
-            self.status.feeds_running += 1
-        try:
-            out = run_feed(probe, top_up, settings, bootstrap_servers=self.servers, prefect=self.use_prefect)
-        except Exception:
-            # The same questions again later (the engine may be restarting): 10 s, then twice as long, up to 2 min.
-            with self._feed_lock:
-                self._retry_batches.append((probe, top_up))
-                self._feed_backoff_s = min(120.0, 2 * self._feed_backoff_s) if self._feed_backoff_s else 10.0
-                self._feed_retry_at = time.monotonic() + self._feed_backoff_s
-            raise
-        finally:
-            with self._feed_lock:
-                self.status.feeds_running -= 1
-        by_id = {q.id: q for q in probe}
-        with self._feed_lock:
-            self._feed_backoff_s = 0.0
-            for row in out["probed"]:
-                question = by_id.get(row["question_id"])
-                if question is not None:
-                    self._queue[question.id] = (float(row["priority"]), question)
-            if len(self._queue) > MAX_QUEUE:  # a run of days keeps the best; the rest would never be topped up
-                kept = sorted(self._queue.items(), key=lambda kv: -kv[1][0])[:MAX_QUEUE]
-                self._queue = dict(kept)
-            self.status.published += int(out["solutions"])
-            self.status.feeds += 1
-            self.status.queue = len(self._queue)
-
     # -- retraining ----------------------------------------------------------------------------------
     def accepted(self) -> int:
         """Accepted labels in the store: before this run, and this run's as they arrive."""
@@ -434,16 +355,6 @@ def _engine_unavailable() -> str | None:
     from prmloop.flows.ops.engine import engine_unavailable
 
     return engine_unavailable()
-
-
-def _sampling_engine() -> dict[str, Any]:
-    """The sampler's engine as ``up`` set it for the services (``PRMLOOP_SAMPLE_*``), its API key included."""
-    out: dict[str, Any] = {}
-    for key in ("backend", "model", "base_url", "api_key"):
-        value = os.environ.get(f"PRMLOOP_SAMPLE_{key.upper()}")
-        if value:
-            out[key] = value
-    return out
 
 
 def _annotator_group() -> str:

@@ -290,12 +290,12 @@ def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_
 
 def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prmloop.flows.feed import FeedSettings
-    from prmloop.flows.loop.driver import _sampling_engine
+    from prmloop.flows.loop.feeding import sampling_engine
     from prmloop.flows.ops.engine import service_environment
 
     for key, value in service_environment("http://127.0.0.1:1/v1", tmp_path).items():
         monkeypatch.setenv(key, value)
-    settings = FeedSettings(**_sampling_engine())
+    settings = FeedSettings(**sampling_engine())
     assert (settings.backend, settings.base_url) == ("openai", "http://127.0.0.1:1/v1")
     assert settings.api_key is not None and settings.api_key.get_secret_value()  # the engine refuses requests without
     assert settings.backend_config().options["api_key"] == settings.api_key.get_secret_value()
