@@ -66,7 +66,7 @@ def test_replicas_are_one_unless_asked_and_a_bad_value_says_what_to_give() -> No
     assert engine_replicas({}) == 1
     assert engine_replicas({"PRMLOOP_ENGINE_REPLICAS": " 2 "}) == 2
     for bad in ("0", "two", "-1", "17"):
-        with pytest.raises(EngineError, match="PRMLOOP_ENGINE_REPLICAS.*1 to 16"):
+        with pytest.raises(EngineError, match=r"PRMLOOP_ENGINE_REPLICAS.*1 to 16"):
             engine_replicas({"PRMLOOP_ENGINE_REPLICAS": bad})
     assert engine_urls("http://a:1/v1, http://b:2/v1/,") == ["http://a:1/v1", "http://b:2/v1"]
     assert parse_ports("40001,40002") == [40001, 40002]
