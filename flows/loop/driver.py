@@ -126,6 +126,8 @@ class Loop(LoopReport, LoopFeeding):
             self._use_engine(engine_url)
         if self.s.threads is not None:
             os.environ.setdefault("PRMLOOP_ENGINE_THREADS", str(self.s.threads))
+        if "engine" in wanted:
+            os.environ.setdefault("PRMLOOP_ENGINE_REPLICAS", str(_loop_replicas()))
         result = up(wanted, state=self.state, say=self.say)
         self.started_services = list(result["started"])
         if engine_url is None:
@@ -355,6 +357,18 @@ def _engine_unavailable() -> str | None:
     from prmloop.flows.ops.engine import engine_unavailable
 
     return engine_unavailable()
+
+
+def _loop_replicas() -> int:
+    """The engine the loop starts for itself: on a CPU, one one-thread server per core (at most 2), unless
+    the engine's threads are set; on a GPU one server. In the loop a two-thread engine stalls whenever
+    another process takes one of its cores, and two one-thread servers do not (docs/loop.md: 32.9 against
+    24-27 tokens a second on 2 cores)."""
+    from prmloop.flows.ops.engine import default_threads, gpu_present
+
+    if os.environ.get("PRMLOOP_ENGINE_THREADS") or gpu_present():
+        return 1
+    return default_threads()
 
 
 def _annotator_group() -> str:

@@ -285,7 +285,9 @@ def _launch(state: StateSettings, name: str, env: dict[str, str]) -> tuple[Servi
         threads = env.get("PRMLOOP_ENGINE_THREADS")
         # replicas get one thread each unless told: they share the cores, and none waits on another
         each = int(threads) if threads else (None if replicas == 1 else 1)
-        env = {**env, **engine_environment(each), **engine_key_environment(state.home)}
+        # the KV cache is split between replicas (each loop step holds a few per cent of the 2 GiB)
+        kv = engine_environment(each, kv_cache_gib=max(1, 2 // replicas))
+        env = {**env, **kv, **engine_key_environment(state.home)}
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True

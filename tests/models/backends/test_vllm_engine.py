@@ -64,6 +64,41 @@ def test_the_in_process_backend_keeps_its_contract_in_the_vllm_environment() -> 
     assert not re.search(r"skipped|failed|error|deselected", summary), summary
 
 
+def test_replicas_serve_as_one_engine_that_spreads_requests_and_stops_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two one-thread servers under one supervisor, recorded as one engine (before the module's engine
+    starts: three would crowd two cores)."""
+    from prmloop.flows.ops.engine import engine_urls, read_metrics
+
+    _vllm_python()
+    monkeypatch.setenv("PRMLOOP_ENGINE_REPLICAS", "2")
+    monkeypatch.delenv("PRMLOOP_ENGINE_THREADS", raising=False)
+    state = StateSettings(home=tmp_path / "home")
+    try:
+        url = up(["engine"], state=state, say=lambda line: None)["running"]["engine"]["url"]
+        servers = engine_urls(url)
+        assert len(servers) == 2 and len(set(servers)) == 2, url
+        key = load_credentials(state.home).engine_api_key
+        before = [read_metrics(u).get("generation_tokens", 0.0) for u in servers]
+        with OpenAICompatibleBackend("smollm2", base_url=url, api_key=key, timeout_s=300, max_concurrency=4) as client:
+            answers = client.generate([f"{PROMPT} {i}" for i in range(4)], SamplingParams(max_new_tokens=4, seed=1))
+        assert all(len(a) == 1 and a[0].token_ids for a in answers)
+        after = [read_metrics(u).get("generation_tokens", 0.0) for u in servers]
+        assert all(b > a for a, b in zip(before, after, strict=True)), (before, after)  # both served
+        entry = service_report(state)["engine"]
+        assert entry["state"] == "running" and entry["load"]["servers"] == 2, entry
+        assert entry["load"]["generation_tokens"] == pytest.approx(sum(after)), entry
+        record = read_state(state, "engine")
+        assert record is not None
+    finally:
+        down(state=state, say=lambda line: None)
+    assert not record.alive
+    for server in servers:  # stopped as one: neither server answers
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(server.removesuffix("/v1") + "/health", timeout=2)
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, StateSettings]]:
     _vllm_python()
