@@ -20,7 +20,7 @@ from types import FrameType
 
 from prmloop.flows.ops.broker import parent_death_signal
 
-__all__ = ["main", "parse_ports"]
+__all__ = ["main", "parse_ports", "replica_ports", "replicas_command"]
 
 #: Seconds the servers get to stop after SIGTERM before they are killed.
 STOP_GRACE_S = 20.0
@@ -39,6 +39,23 @@ def parse_ports(text: str) -> list[int]:
     if not ports or len(set(ports)) != len(ports) or not all(0 < p < 65536 for p in ports):
         raise ValueError(f"--ports {text!r}: give distinct TCP ports separated by commas, such as 40001,40002")
     return ports
+
+
+def replica_ports(first: int, n: int) -> list[int]:
+    """``first`` and ``n - 1`` more free ports, all distinct: one per server."""
+    from prmloop.store.ports import free_port
+
+    ports = [first]
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def replicas_command(ports: Sequence[int]) -> list[str]:
+    """The supervisor's command line for servers on ``ports`` (what ``up`` records as the engine's)."""
+    return [sys.executable, "-m", "prmloop.flows.ops.replicas", "--ports", ",".join(map(str, ports))]
 
 
 def _stop(processes: Sequence[subprocess.Popen[bytes]]) -> None:

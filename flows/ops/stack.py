@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.ops.prefect_home import prefect_auth_environment, prefect_cli, prefect_home
+from prmloop.flows.ops.replicas import replica_ports, replicas_command
 from prmloop.store.kafka.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
 from prmloop.store.kafka.follow import read_links, remove_links
 from prmloop.store.ports import free_port
@@ -224,23 +225,10 @@ def _command(name: str, port: int | None) -> list[str]:
     raise ValueError(f"unknown service {name!r}; choose from {', '.join(SERVICES)}")
 
 
-def _replicas(env: dict[str, str]) -> int:
-    from prmloop.flows.ops.engine import engine_replicas
+def _engine_replicas(env: dict[str, str]) -> int:
+    from prmloop.flows.ops.engine import engine_replicas  # the engine module loads vLLM's settings: late
 
     return engine_replicas(env)
-
-
-def _distinct_ports(first: int, n: int) -> list[int]:
-    ports = [first]
-    while len(ports) < n:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
-def _replicas_command(ports: list[int]) -> list[str]:
-    return [sys.executable, "-m", "prmloop.flows.ops.replicas", "--ports", ",".join(map(str, ports))]
 
 
 def _wait(ready: Callable[[], bool], timeout_s: float, what: str, log: Path) -> None:
@@ -268,10 +256,10 @@ def _start(state: StateSettings, name: str, env: dict[str, str], say: Callable[[
 def _launch(state: StateSettings, name: str, env: dict[str, str]) -> tuple[ServiceState, subprocess.Popen[bytes]]:
     """Start ``name`` in a session of its own and record it; :func:`_await` waits until it serves."""
     port = free_port() if name in ("prefect", "engine") else None
-    replicas = _replicas(env) if name == "engine" else 1
-    ports = _distinct_ports(port, replicas) if port else []
+    replicas = _engine_replicas(env) if name == "engine" else 1
+    ports = replica_ports(port, replicas) if port else []
     # replicas: one process runs a server per port (flows/ops/replicas.py), recorded as one engine
-    argv = _command(name, port) if replicas == 1 else _replicas_command(ports)
+    argv = _command(name, port) if replicas == 1 else replicas_command(ports)
     logs = state.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     state.run_dir.mkdir(parents=True, exist_ok=True)

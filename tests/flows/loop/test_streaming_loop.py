@@ -4,6 +4,7 @@ later run goes on, the engine meter's busy fraction, the overlap measure, and wh
 from __future__ import annotations
 
 import io
+import threading
 import time
 from pathlib import Path
 
@@ -225,11 +226,15 @@ def test_a_failed_feed_is_tried_again_later_with_the_same_questions(
     assert loop.status.feeds_running == 0
 
 
+def _let_feeds_finish(loop: Loop, release: threading.Event) -> None:
+    release.set()
+    for thread in loop._threads:
+        thread.join(10)
+
+
 def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_sampling(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import threading
-
     from prmloop.flows import feed
 
     release = threading.Event()
@@ -255,9 +260,7 @@ def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_
         assert len(started) == 2 and loop.status.feeds_running == 2  # the third waits for a place
         assert set(started[0]).isdisjoint(started[1])  # each feed its own new questions
     finally:
-        release.set()
-    for thread in loop._threads:
-        thread.join(10)
+        _let_feeds_finish(loop, release)
     assert loop.status.feeds_running == 0 and loop.status.published == 36 and loop.status.feeds == 2
 
     # one feed still sampling counts as its 18 solutions: 30 waiting + 18 reach --ahead 48, so no second
@@ -271,9 +274,7 @@ def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_
         loop._maybe_feed()
         assert loop.unfinished().count("feed") == 2
     finally:
-        release.set()
-    for thread in loop._threads:
-        thread.join(10)
+        _let_feeds_finish(loop, release)
 
     release.clear()
     waiting["n"] = 0
@@ -283,9 +284,7 @@ def test_feeds_overlap_up_to_their_number_and_the_backlog_counts_the_ones_still_
         loop._maybe_feed()
         assert loop.unfinished().count("feed") == 1
     finally:
-        release.set()
-    for thread in loop._threads:
-        thread.join(10)
+        _let_feeds_finish(loop, release)
 
 
 def test_the_feeds_reach_the_engine_as_the_services_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
