@@ -21,7 +21,7 @@ import numpy as np
 from prmloop.models.prm.data import PRMExample
 from prmloop.models.prm.ensemble import EnsembleConfig, FittedEnsemble, StepStats, fit_ensemble
 from prmloop.models.prm.evaluate import best_threshold, processbench_scores
-from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features
+from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features, shared_extractor
 
 __all__ = ["ENSEMBLE_KIND", "EnsemblePRM", "first_error_of", "step_targets", "train_ensemble_prm"]
 
@@ -64,7 +64,7 @@ class EnsemblePRM:
     def extractor(self) -> FeatureExtractor:
         """The backbone, loaded on first need (only for solutions whose features are not cached)."""
         if self._extractor is None:
-            self._extractor = FeatureExtractor(self.spec, threads=self.threads)
+            self._extractor = shared_extractor(self.spec, threads=self.threads)
         return self._extractor
 
     def features(

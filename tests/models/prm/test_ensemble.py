@@ -11,9 +11,15 @@ import numpy as np
 import pytest
 
 from prmloop.models.prm.data import PRMExample
-from prmloop.models.prm.ensemble import EnsembleConfig, StepStats, fit_ensemble
+from prmloop.models.prm.ensemble import EnsembleConfig, FittedEnsemble, StepStats, fit_ensemble
 from prmloop.models.prm.ensemble_prm import EnsemblePRM, first_error_of, step_targets, train_ensemble_prm
-from prmloop.models.prm.features import FeatureCache, FeatureExtractor, FeatureSpec, cached_features, solution_key
+from prmloop.models.prm.features import (
+    FeatureCache,
+    FeatureExtractor,
+    FeatureSpec,
+    cached_features,
+    solution_key,
+)
 
 FAST = EnsembleConfig(heads=8, hidden=8, pca_dims=0, epochs=120, learning_rate=2e-2, threads=1)
 
@@ -125,6 +131,35 @@ def test_batched_features_equal_one_solution_at_a_time(extractor: FeatureExtract
     alone = [extractor.extract([p], [s])[0] for p, s in zip(problems, steps, strict=True)]
     for a, b in zip(together, alone, strict=True):
         assert np.allclose(a, b, atol=1e-4)
+
+
+def test_promoted_prms_share_one_backbone_whose_passes_take_turns(
+    tmp_path: Path, tiny_lm: Callable[..., Any], smollm2_tokenizer: Any
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    folder = tmp_path / "backbone"
+    tiny_lm().save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    spec = FeatureSpec(backbone=str(folder), layers=(0.5,))
+    first = EnsemblePRM(FittedEnsemble(FAST, {}), spec).extractor()
+    second = EnsemblePRM(FittedEnsemble(FAST, {}), spec).extractor()
+    # the next promoted PRM reuses the loaded model instead of loading the backbone again
+    assert second is not first
+    assert second.model is first.model
+
+    def solutions(n: int) -> tuple[list[str], list[list[str]]]:
+        problems = [f"What is {a} + {a + 1}?" for a in range(n)]
+        return problems, [[f"{a} + {a + 1} = {2 * a + 1}", "So it is."] * (1 + a % 3) for a in range(n)]
+
+    # two threads at once on different solutions: the layers are caught by hooks on the shared model, so
+    # passes that overlapped would mix the two threads' states
+    work = [(first, solutions(24)), (second, solutions(7))] * 4
+    alone = {len(p): extractor.extract(p, st) for extractor, (p, st) in work[:2]}
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda job: (len(job[1][0]), job[0].extract(*job[1])), work))
+    for n, run in runs:
+        assert all(a.shape == b.shape and np.allclose(a, b, atol=1e-5) for a, b in zip(alone[n], run, strict=True))
 
 
 def test_the_cache_computes_only_what_it_lacks(tmp_path: Path, extractor: FeatureExtractor) -> None:
