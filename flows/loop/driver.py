@@ -220,6 +220,7 @@ class Loop(LoopReport, LoopFeeding):
             if on_tick is not None:
                 on_tick()
             self._stop.wait(tick_s)
+        self._sample_rss()  # the last CPU sample of the running loop (its figures end here, not in the stop)
 
     def scored_retrains(self) -> int:
         """Retrains of this run that trained and scored on the held-out set."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from prmloop.flows.loop.processes import cpu_seconds, rss_mib, rss_summary
+from prmloop.flows.loop.processes import cpu_by_root, cpu_share, machine_ticks, rss_mib, rss_summary
 from prmloop.flows.loop.watch import OVERLAP_WIDTHS_S, paced_width
 
 if TYPE_CHECKING:
@@ -31,22 +31,24 @@ class LoopReport:
     watch: EventWatch | None
 
     def _sample_rss(self) -> None:
+        """Every process's memory and CPU (one read of ``/proc`` for the CPU), and the machine's ticks;
+        samples taken while the run stops are not CPU samples (the services idle then)."""
         from prmloop.flows.ops.stack import running_services
 
         at = self.status.elapsed()
-        for name, record in running_services(self.state).items():
-            rss = rss_mib(record.pid)
+        roots = {name: record.pid for name, record in running_services(self.state).items()}
+        for name, pid in roots.items():
+            rss = rss_mib(pid)
             if rss is not None:
                 self.status.rss.setdefault(name, []).append((round(at, 1), rss))
-            cpu = cpu_seconds(record.pid)
-            if cpu is not None:
-                self.status.cpu_s[name] = cpu
         own = rss_mib(os.getpid(), descendants=False)  # the services it started are counted on their own
         if own is not None:
             self.status.rss.setdefault("driver", []).append((round(at, 1), own))
-        own_cpu = cpu_seconds(os.getpid(), descendants=False)
-        if own_cpu is not None:
-            self.status.cpu_s["driver"] = own_cpu
+        # the driver's own children (the grading helper) count as the driver's; the services as themselves
+        cpu = cpu_by_root({**roots, "driver": os.getpid()})
+        self.status.cpu_s.update(cpu)
+        if not self.status.stopping:
+            self.status.cpu_samples.append((round(at, 1), cpu, machine_ticks()))
 
     # -- results -------------------------------------------------------------------------------------
     def per_window(self, levels: list[Any], wall: float, window_s: float = 600.0) -> list[dict[str, Any]]:
@@ -126,6 +128,9 @@ class LoopReport:
             "rss_mib": self.status.rss,
             "rss_summary": rss_summary(self.status.rss),
             "cpu_s": dict(self.status.cpu_s),
+            # cores after warm-up: the engine's, the other processes', the machine's idle, and the engine's
+            # share of what the others left it (issue 55's third target)
+            "cpu_after_warm_up": cpu_share(self.status.cpu_samples, since_s=warm, cores=os.cpu_count() or 1),
             "accepted_per_10_min": (totals.accepted_windows[: int(wall // 600)] if totals else []),
             "per_10_min": self.per_window(totals.accepted_levels if totals else [], wall),
             "errors": [self.status.last_error] if self.status.last_error else [],

@@ -247,6 +247,8 @@ class LoopStatus:
     rss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     #: CPU seconds each process (with its children) has used, at the last sample
     cpu_s: dict[str, float] = field(default_factory=dict)
+    #: (seconds into the run, CPU seconds by process, the machine's (total, idle) ticks) every 30 s
+    cpu_samples: list[tuple[float, dict[str, float], tuple[int, int] | None]] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started

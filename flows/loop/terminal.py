@@ -24,7 +24,7 @@ from typing import IO, Any
 from rich.console import Console
 
 from prmloop.flows.loop.driver import Loop, LoopSettings
-from prmloop.flows.loop.view import LoopView, curve_lines
+from prmloop.flows.loop.view import LoopView, cpu_line, curve_lines
 
 __all__ = ["Terminal", "finish", "leave", "run_session"]
 
@@ -153,3 +153,4 @@ def finish(loop: Loop, result: dict[str, Any], term: Terminal) -> None:
         term.say(line)
     if png.is_file():
         term.say(f"  (plot: {png}; Prefect artifact loop-learning-curve)")
+    term.say(cpu_line(result.get("cpu_after_warm_up")))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from prmloop.flows.loop.driver import Loop
     from prmloop.flows.loop.settings import Retrain
 
-__all__ = ["LoopView", "curve_lines", "curve_png", "progress_line"]
+__all__ = ["LoopView", "cpu_line", "curve_lines", "curve_png", "progress_line"]
 
 
 def _per_minute(times: list[float], now: float, window_s: float) -> float:
@@ -169,6 +169,20 @@ def curve_lines(retrains: list[Retrain]) -> list[str]:
             f"  {i:7d} {r.at_s:8.0f} {r.accepted:17d}   {f1:<22}  {'yes' if r.promoted else 'no':<9}  {_levels(r)}"
         )
     return lines
+
+
+def cpu_line(share: dict[str, Any] | None) -> str:
+    """The cores after warm-up in one sentence (``cpu_after_warm_up`` of the run's figures)."""
+    if not share:
+        return "CPU after warm-up: not measured (the run ended within its warm-up, or no engine ran)"
+    top = ", ".join(f"{name} {cores:.2f}" for name, cores in list(share["by_process"].items())[:4])
+    idle = "" if share["idle"] is None else f"; idle {share['idle']:.2f}, outside the loop {share['outside']:.2f}"
+    left = share["engine_share_of_left"]
+    return (
+        f"CPU after warm-up ({share['from_s']:.0f}-{share['to_s']:.0f} s, {share['cores']} cores): the engine "
+        f"{share['engine']:.2f}, the loop's other processes {share['others']:.2f} ({top}){idle}; the engine had "
+        + ("no core left" if left is None else f"{100 * left:.0f} % of what the others left it")
+    )
 
 
 def curve_png(retrains: list[Retrain], path: Path) -> Path | None:

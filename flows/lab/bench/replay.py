@@ -50,7 +50,7 @@ from prmloop.flows.ops.engine import (
 )
 from prmloop.models.backends.request_log import read_requests
 
-__all__ = ["bench_replay", "gap_factors", "loop_figures", "run_cores"]
+__all__ = ["bench_replay", "gap_factors", "loop_figures", "per_engine_core", "run_cores"]
 
 
 def loop_figures(rows: list[dict[str, Any]], skip_s: float = 0.0) -> dict[str, Any]:
@@ -80,21 +80,39 @@ def loop_figures(rows: list[dict[str, Any]], skip_s: float = 0.0) -> dict[str, A
     }
 
 
-def run_cores(run_json: Path) -> dict[str, float] | None:
-    """The recorded run's cores: its engine's and the other processes' CPU-seconds over its wall time, from
-    the JSON ``prmloop run`` leaves (``cpu_s``, ``wall_s``); None where there is none or it lacks them."""
+def run_cores(run_json: Path) -> dict[str, Any] | None:
+    """The recorded run's cores, from the JSON ``prmloop run`` leaves: after warm-up where the run measured
+    it (``cpu_after_warm_up``: the engine's, the other processes', the machine's idle, the engine's share of
+    what the others left), else its engine's and the other processes' CPU-seconds over its whole wall time
+    (start and stop included); None where there is none or it lacks them."""
     try:
         result = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return None
+    warm = result.get("cpu_after_warm_up") if isinstance(result, dict) else None
+    if isinstance(warm, dict) and "engine" in warm:
+        keys = ("engine", "others", "idle", "engine_share_of_left", "from_s", "to_s")
+        return {key: warm.get(key) for key in keys} | {"after_warm_up": True}
+    try:
         cpu = {str(k): float(v) for k, v in result["cpu_s"].items()}
         wall = float(result["wall_s"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if wall <= 0 or "engine" not in cpu:
         return None
     return {
         "engine": round(cpu["engine"] / wall, 2),
         "others": round(sum(v for k, v in cpu.items() if k != "engine") / wall, 2),
+        "after_warm_up": False,
     }
+
+
+def per_engine_core(tokens_per_s: float | None, engine_cores: float | None) -> float | None:
+    """Tokens a second per core the engine had: equal in the loop and the replay when the loop's gap is
+    only the CPU its other processes take."""
+    if not tokens_per_s or not engine_cores or engine_cores <= 0:
+        return None
+    return round(tokens_per_s / engine_cores, 1)
 
 
 def gap_factors(loop_tps: float, replay_tps: float, at_loop_tps: float) -> dict[str, float | None]:
@@ -216,6 +234,7 @@ def bench_replay(
             own = max(1, math.ceil(loop["mean_in_flight"]))
             say(f"replay: again at the loop's own {own} in flight")
             at = replay(url, bodies, own, say) | {"concurrency": own}
+    loop_cores = run_cores(folder.parent / "loop" / "last-run.json")
     extra: dict[str, Any] = {}
     if at is not None:
         extra = {
@@ -238,7 +257,10 @@ def bench_replay(
         else None,
         "replay_engine_cores": cpu["engine_cores"],
         "replay_idle_cores": cpu["idle_cores"],
-        "loop_cores": run_cores(folder.parent / "loop" / "last-run.json"),
+        "loop_cores": loop_cores,
+        # the engine's tokens per core it had: the same in both when the gap is the CPU the rest takes
+        "loop_tokens_per_engine_core": per_engine_core(loop["tokens_per_s"], (loop_cores or {}).get("engine")),
+        "replay_tokens_per_engine_core": per_engine_core(replayed["tokens_per_s"], cpu["engine_cores"]),
         **extra,
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prmloop.flows.lab.bench.replay import gap_factors, loop_figures, replay, run_cores
+from prmloop.flows.lab.bench.replay import gap_factors, loop_figures, per_engine_core, replay, run_cores
 from prmloop.models.backends.base import SamplingParams
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend
 from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE, read_requests
@@ -94,9 +94,27 @@ def test_the_gap_splits_into_the_batch_and_the_rest_whose_product_is_the_ratio()
 def test_the_runs_cores_come_from_its_cpu_seconds_over_its_wall_time(tmp_path: Path) -> None:
     run = tmp_path / "last-run.json"
     run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"engine": 520.0, "driver": 60.0, "selector": 40.0}}))
-    assert run_cores(run) == {"engine": 1.3, "others": 0.25}
+    assert run_cores(run) == {"engine": 1.3, "others": 0.25, "after_warm_up": False}
     assert run_cores(tmp_path / "missing.json") is None
     run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"driver": 60.0}}))  # transformers: no engine
     assert run_cores(run) is None
     run.write_text("{not json")
     assert run_cores(run) is None
+
+
+def test_the_runs_cores_after_warm_up_win_over_its_whole_wall_time(tmp_path: Path) -> None:
+    run = tmp_path / "last-run.json"
+    warm = {"engine": 1.35, "others": 0.49, "idle": 0.07, "engine_share_of_left": 0.894, "from_s": 120.0, "to_s": 360.0}
+    run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"engine": 440.0, "driver": 60.0}, "cpu_after_warm_up": warm}))
+    assert run_cores(run) == warm | {"after_warm_up": True}
+    # a run that ended within its warm-up measured none: the whole wall time again
+    run.write_text(json.dumps({"wall_s": 400.0, "cpu_s": {"engine": 440.0, "driver": 60.0}, "cpu_after_warm_up": None}))
+    assert run_cores(run) == {"engine": 1.1, "others": 0.15, "after_warm_up": False}
+
+
+def test_tokens_per_engine_core_divides_by_the_cores_the_engine_had() -> None:
+    assert per_engine_core(32.4, 1.2) == 27.0
+    assert per_engine_core(53.8, 1.96) == 27.4
+    assert per_engine_core(30.0, None) is None
+    assert per_engine_core(30.0, 0.0) is None
+    assert per_engine_core(None, 1.2) is None
