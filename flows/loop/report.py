@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from prmloop.flows.loop.watch import EngineMeter, EventWatch
     from prmloop.store.settings import StateSettings
 
-__all__ = ["LoopReport"]
+__all__ = ["MAX_CPU_SAMPLES", "LoopReport"]
+
+#: CPU samples a run keeps (one every 30 s: 4 hours before the first thinning)
+MAX_CPU_SAMPLES = 480
 
 
 class LoopReport:
@@ -48,7 +51,10 @@ class LoopReport:
         cpu = cpu_by_root({**roots, "driver": os.getpid()})
         self.status.cpu_s.update(cpu)
         if not self.status.stopping:
-            self.status.cpu_samples.append((round(at, 1), cpu, machine_ticks()))
+            samples = self.status.cpu_samples
+            samples.append((round(at, 1), cpu, machine_ticks()))
+            if len(samples) > MAX_CPU_SAMPLES:  # a run of weeks: every other one goes, the first and last stay
+                del samples[1:-1:2]
 
     # -- results -------------------------------------------------------------------------------------
     def per_window(self, levels: list[Any], wall: float, window_s: float = 600.0) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,27 @@ def test_no_share_without_two_samples_after_warm_up_or_without_an_engine() -> No
     share = cpu_share([(90.0, {"engine": 1.0}, None), (100.0, {"engine": 11.0}, None)], since_s=0.0, cores=2)
     assert share is not None and share["engine"] == 1.0 and share["idle"] is None
     assert "not measured" in cpu_line(None)
+
+
+def test_a_long_run_keeps_a_bounded_number_of_cpu_samples_its_first_and_last_among_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from prmloop.flows.loop import report
+    from prmloop.flows.loop.settings import LoopStatus
+    from prmloop.store.settings import StateSettings
+
+    clock = iter(range(10_000))
+    monkeypatch.setattr(report, "cpu_by_root", lambda roots: {"engine": float(next(clock)), "driver": 1.0})
+    monkeypatch.setattr(report, "machine_ticks", lambda: (1, 0))
+    part = report.LoopReport()
+    part.state = StateSettings(home=tmp_path)
+    part.status = LoopStatus(home=tmp_path)
+    for _ in range(1_000):  # a run of 8 hours, one sample every 30 s
+        part._sample_rss()
+    samples = part.status.cpu_samples
+    assert len(samples) <= report.MAX_CPU_SAMPLES
+    assert samples[0][1]["engine"] == 0.0 and samples[-1][1]["engine"] == 999.0
+    assert [s[1]["engine"] for s in samples] == sorted(s[1]["engine"] for s in samples)
+    part.status.stopping = True  # the stop's samples are not the running loop's
+    part._sample_rss()
+    assert part.status.cpu_samples[-1][1]["engine"] == 999.0
