@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LearnRow", "bench_learn", "budgets_for", "read_loop_store"]
+__all__ = ["LearnRow", "bench_learn", "budgets_for", "random_draws", "read_loop_store"]
 
 Say = Callable[[str], None]
 
@@ -118,6 +118,12 @@ def budgets_for(labels: int, first: int = 15) -> list[int]:
     return [*out, labels] if labels >= 1 else []
 
 
+def random_draws(pool: list[Any], n: int, seeds: int) -> list[list[Any]]:
+    """The random arm's ``seeds`` draws of ``n`` solutions (all of them where fewer), one per head seed:
+    each seed trains on a draw of its own, so one unlucky draw does not decide the arm."""
+    return [random.Random(f"{n}/{seed}").sample(pool, min(n, len(pool))) for seed in range(seeds)]
+
+
 def _fe(first: int | None) -> int:
     """A first error as a number: -1 for none (``None`` too, where the caller kept only labelled rows)."""
     return -1 if first is None else int(first)
@@ -202,11 +208,13 @@ def bench_learn(
     )
     test_features: dict[str, np.ndarray] | None = None
 
-    def score(examples: list[Any]) -> dict[str, Any]:
+    def score(examples: list[Any], per_seed: list[list[Any]] | None = None) -> dict[str, Any]:
+        """Trained with each head seed, on ``examples`` or on ``per_seed[seed]`` (the random arm's draws)."""
         nonlocal test_features
         predicted: list[int] = []
         for seed in range(seeds):
             config = EnsembleConfig(threads=threads or 1, seed=seed)
+            examples = per_seed[seed] if per_seed is not None else examples
             prm, _ = train_ensemble_prm(examples, spec=spec, config=config, cache_dir=cache_dir, threads=threads)
             if test_features is None:
                 vectors = prm.features([i.problem for i in test], [list(i.steps) for i in test])
@@ -231,13 +239,9 @@ def bench_learn(
                 **score([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]),
             }
         )
-        drawn = random.Random(n).sample(exact_pool, min(n, len(exact_pool)))
-        arms["random"].append(
-            {
-                "labels": len(drawn),
-                **score([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in drawn]),
-            }
-        )
+        draws = random_draws(exact_pool, n, seeds)
+        exact = [[example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in drawn] for drawn in draws]
+        arms["random"].append({"labels": len(draws[0]), **score(exact[0], per_seed=exact)})
         say(
             f"bench learn: {n} labels: loop {arms['loop'][-1]['f1']}, oracle {arms['oracle'][-1]['f1']}, "
             f"random {arms['random'][-1]['f1']} ({time.monotonic() - started:.0f}s)"

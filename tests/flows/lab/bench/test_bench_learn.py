@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.lab.bench.learn import budgets_for, label_spread, read_loop_store
+from prmloop.flows.lab.bench.learn import budgets_for, label_spread, random_draws, read_loop_store
 from prmloop.models.arith import generate_question
 from prmloop.models.arith.corrupt import corrupted_solution
 from prmloop.producers.arith import arith_question
@@ -116,3 +116,12 @@ def test_budgets_double_and_end_on_what_was_accepted() -> None:
     assert budgets_for(15) == [15]
     assert budgets_for(7) == [7]
     assert budgets_for(0) == []
+
+
+def test_the_random_arm_draws_anew_for_every_head_seed() -> None:
+    pool = list(range(40))
+    draws = random_draws(pool, 15, 3)
+    assert len(draws) == 3 and all(len(d) == 15 and len(set(d)) == 15 for d in draws)
+    assert len({tuple(sorted(d)) for d in draws}) == 3  # three draws, not one drawn three times
+    assert draws == random_draws(pool, 15, 3)  # the same on every run
+    assert [sorted(d) for d in random_draws(pool, 60, 2)] == [pool, pool]  # fewer than asked: all of them
