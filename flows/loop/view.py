@@ -9,6 +9,7 @@ interval as it lands (the shipped test set nothing trains or promotes on), with 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+from prmloop.flows.loop.processes import cpu_share
 
 if TYPE_CHECKING:
     from prmloop.flows.loop.driver import Loop
@@ -53,6 +56,8 @@ def snapshot(loop: Loop) -> dict[str, Any]:
         "busy_recent": meter.busy_fraction(since_s=now - 60.0) if meter else None,
         "busy": meter.busy_fraction(since_s=min(60.0, now / 2)) if meter else None,
         "tokens_per_s": meter.rate(30.0) if meter else None,
+        # the engine's cores over the last minute's CPU samples, and its share of what the others left
+        "cpu_recent": cpu_share(list(status.cpu_samples), since_s=now - 65.0, cores=os.cpu_count() or 1),
         "accepted": totals.accepted if totals else 0,
         "accepted_errors": totals.accepted_errors if totals else 0,
         "per_minute_recent": _per_minute(recent, now, 300.0),
@@ -83,8 +88,16 @@ def progress_line(s: dict[str, Any]) -> str:
     return (
         f"[{s['elapsed']:5.0f}s] accepted {s['accepted']} ({s['per_minute']:.1f}/min), rejected {s['rejected']}, "
         f"MC {s['mc']}; solutions {s['solutions']} ({s['correct']} correct), {s['tokens']:,} tokens; "
-        f"engine busy {_pct(s['busy_recent'])}; waiting {s['waiting']}; test F1 [95 % CI] per retrain: {curve}"
+        f"engine busy {_pct(s['busy_recent'])}{_cores(s['cpu_recent'])}; waiting {s['waiting']}; "
+        f"test F1 [95 % CI] per retrain: {curve}"
     )
+
+
+def _cores(share: dict[str, Any] | None) -> str:
+    """`` (1.42 cores, 96 % of what the rest left)``, or nothing before two CPU samples."""
+    if not share or share["engine_share_of_left"] is None:
+        return ""
+    return f" ({share['engine']:.2f} cores, {100 * share['engine_share_of_left']:.0f} % of what the rest left)"
 
 
 def render(s: dict[str, Any]) -> Group:
@@ -96,7 +109,9 @@ def render(s: dict[str, Any]) -> Group:
     figures.add_column(style="dim")
     figures.add_column()
     rate = f", {s['tokens_per_s']:.0f} tokens/s" if s["tokens_per_s"] is not None else ""
-    figures.add_row("engine", f"{s['engine']}: busy {_pct(s['busy_recent'])} (last minute){rate}")
+    figures.add_row(
+        "engine", f"{s['engine']}: busy {_pct(s['busy_recent'])}{_cores(s['cpu_recent'])} (last minute){rate}"
+    )
     figures.add_row(
         "labels",
         f"{s['accepted']} accepted ({s['accepted_errors']} with a first error), {s['per_minute_recent']:.1f}/min "

@@ -4,6 +4,7 @@ later run goes on, the engine meter's busy fraction, the overlap measure, and wh
 from __future__ import annotations
 
 import io
+import os
 import threading
 import time
 from pathlib import Path
@@ -148,6 +149,15 @@ def test_without_a_terminal_the_view_prints_a_line_every_half_minute(tmp_path: P
     shown = "test F1 [95 % CI] per retrain: 0.400 [0.350, 0.450]"
     assert len(lines) == 2 and all("accepted 0" in line and shown in line for line in lines)
     assert progress_line(snapshot(loop)).startswith("[")
+    assert "cores" not in lines[0]  # no CPU samples yet: no share shown
+    # two CPU samples in the last minute: the engine 1.2 cores, the others 0.4 (on 2 cores: 75 % of what they left)
+    now = loop.status.elapsed()
+    loop.status.cpu_samples += [
+        (now - 40.0, {"engine": 10.0, "driver": 1.0}, None),
+        (now - 10.0, {"engine": 46.0, "driver": 13.0}, None),
+    ]
+    share = 100 * 1.2 / ((os.cpu_count() or 1) - 0.4)
+    assert f"engine busy n/a (1.20 cores, {share:.0f} % of what the rest left)" in progress_line(snapshot(loop))
 
 
 def test_the_watch_counts_labels_and_stages_as_they_arrive(kafka_bootstrap: str) -> None:
