@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSample", "cpu_by_root", "cpu_seconds", "cpu_share", "machine_ticks", "rss_mib", "rss_summary"]
+__all__ = ["CpuSample", "cpu_by_root", "cpu_share", "machine_ticks", "rss_mib", "rss_summary"]
 
 
 def rss_mib(pid: int, *, descendants: bool = True) -> float | None:
@@ -38,34 +38,6 @@ def rss_mib(pid: int, *, descendants: bool = True) -> float | None:
         except OSError:
             if current == pid:
                 return None
-        todo += children.get(current, [])
-    return round(total, 1)
-
-
-def cpu_seconds(pid: int, *, descendants: bool = True) -> float | None:
-    """User and system CPU seconds of ``pid`` (and its descendants, living ones), None: it is gone."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[-1].split()
-            stats[int(stat.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
-        except (OSError, ValueError, IndexError):
-            continue
-    if pid not in stats:
-        return None
-    if not descendants:
-        return round(stats[pid][1], 1)
-    children: dict[int, list[int]] = defaultdict(list)
-    for child, (parent, _) in stats.items():
-        children[parent].append(child)
-    total, todo, seen = 0.0, [pid], set()
-    while todo:
-        current = todo.pop()
-        if current in seen or current not in stats:
-            continue
-        seen.add(current)
-        total += stats[current][1]
         todo += children.get(current, [])
     return round(total, 1)
 
