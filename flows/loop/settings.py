@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from prmloop.flows.loop.processes import CpuSample
 from prmloop.models.questions import Question
 
 __all__ = ["LoopError", "LoopSettings", "LoopStatus", "QuestionStream", "Retrain", "sampled_indices"]
@@ -248,7 +249,7 @@ class LoopStatus:
     #: CPU seconds each process (with its children) has used, at the last sample
     cpu_s: dict[str, float] = field(default_factory=dict)
     #: (seconds into the run, CPU seconds by process, the machine's (total, idle) ticks) every 30 s
-    cpu_samples: list[tuple[float, dict[str, float], tuple[int, int] | None]] = field(default_factory=list)
+    cpu_samples: list[CpuSample] = field(default_factory=list)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
