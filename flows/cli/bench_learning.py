@@ -141,7 +141,10 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
 def bench_learn_cmd(
     *,
     db: Annotated[str | None, typer.Option(help="the loop's store (default: this home's)")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="head seeds per arm and budget (random: that many draws too)")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, help="head seeds every training set is trained with")] = 3,
+    draws: Annotated[
+        int, typer.Option(min=1, help="random draws per budget: their F1s' spread and the loop's rank in it")
+    ] = 20,
     budgets: Annotated[
         str | None, typer.Option(help="accepted-label budgets, e.g. 15,30,60 (default: doubling from 15)")
     ] = None,
@@ -150,7 +153,8 @@ def bench_learn_cmd(
 ) -> None:
     """From a loop's store: test F1 (95 % interval) against accepted labels and generated tokens for the
     loop's consensus labels, exact labels of the same solutions (oracle) and exact labels of random
-    solutions the loop sampled; and where the loop's labels fell. One JSON line."""
+    solutions the loop sampled (many draws: their spread, and the loop's rank among them); and where the
+    loop's labels fell. One JSON line."""
     from prmloop.flows.cli.app import db_path
     from prmloop.flows.lab.bench.learn import bench_learn, write_json
 
@@ -159,7 +163,7 @@ def bench_learn_cmd(
     except ValueError:
         raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
 
-    result = bench_learn(db_path(db), seeds=seeds, budgets=chosen, threads=threads, say=progress_line)
+    result = bench_learn(db_path(db), seeds=seeds, draws=draws, budgets=chosen, threads=threads, say=progress_line)
     if out is not None:
         write_json(out, result)
     typer.echo(json.dumps(result))

@@ -8,15 +8,21 @@ the ensemble PRM the loop retrains (the same features and heads) is trained on:
   what the loop's choice of solutions is worth with perfect labels, so loop - oracle is what the
   labels lose, oracle - random what the choice wins;
 - **random**: N solutions drawn at random from every solution the loop sampled (skipped, rejected and
-  unlabelled ones too), with exact labels: random order with every solution labelled.
+  unlabelled ones too), with exact labels: random order with every solution labelled. ``draws`` draws
+  (20 by default), each trained like the other arms.
 
-Each arm is trained with ``seeds`` head seeds (and, for random, that many draws) and scored on the
-shipped test set (:mod:`prmloop.flows.pools.testset`), which nothing trains or promotes on: the F1 pools
-the seeds' predictions and its 95 % interval is a bootstrap over test questions
-(:func:`prmloop.models.prm.scoreboard.f1_interval`). The x axes are accepted labels and the generated
-tokens the loop had spent when its N-th label was accepted. Beside the curves: where the loop's labels
-fell (levels, questions, first-error positions), how often consensus agrees with the checker on the
-labels it kept, and what it rejected.
+Each training set is trained with the same ``seeds`` head seeds and scored on the shipped test set
+(:mod:`prmloop.flows.pools.testset`), which nothing trains or promotes on: the F1 pools the seeds'
+predictions (for random, every draw's too) and its 95 % interval is a bootstrap over test questions
+(:func:`prmloop.models.prm.scoreboard.f1_interval`). That interval is about one model; at a few labels
+the training set matters far more (:mod:`prmloop.models.prm.scoreboard`), and the loop's labels are one
+training set. So the random arm also gives its draws' spread (``draw_f1``: 2.5 %, 50 %, 97.5 %, sd), and
+the loop and oracle arms their rank among the draws (``random_rank``: the percentage of random draws
+they beat) and ``vs_random`` (``above``, ``within`` or ``below`` the draws' 95 % range).
+
+The x axes are accepted labels and the generated tokens the loop had spent when its N-th label was
+accepted. Beside the curves: where the loop's labels fell (levels, questions, first-error positions),
+how often consensus agrees with the checker on the labels it kept, and what it rejected.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LearnRow", "bench_learn", "budgets_for", "random_draws", "read_loop_store"]
+__all__ = ["LearnRow", "bench_learn", "budgets_for", "random_draws", "random_summary", "read_loop_store"]
 
 Say = Callable[[str], None]
 
@@ -118,10 +124,41 @@ def budgets_for(labels: int, first: int = 15) -> list[int]:
     return [*out, labels] if labels >= 1 else []
 
 
-def random_draws(pool: list[Any], n: int, seeds: int) -> list[list[Any]]:
-    """The random arm's ``seeds`` draws of ``n`` solutions (all of them where fewer), one per head seed:
-    each seed trains on a draw of its own, so one unlucky draw does not decide the arm."""
-    return [random.Random(f"{n}/{seed}").sample(pool, min(n, len(pool))) for seed in range(seeds)]
+def random_draws(pool: list[Any], n: int, draws: int) -> list[list[Any]]:
+    """The random arm's ``draws`` draws of ``n`` solutions (all of them where fewer), the same on every
+    run: many draws, so one unlucky draw does not decide the arm and their spread can be read."""
+    return [random.Random(f"{n}/{draw}").sample(pool, min(n, len(pool))) for draw in range(draws)]
+
+
+def random_summary(per_draw: list[list[int | None]], truth: list[int], levels: list[str]) -> dict[str, Any]:
+    """The random arm at one budget from each draw's test predictions (``truth`` and ``levels`` per
+    prediction): ``f1`` the mean of the draws' F1s, ``lo``/``hi`` their 95 % range (the spread over draws,
+    not over test questions), ``by_level`` the mean per level, ``draw_f1`` the spread, and ``pooled_f1``
+    the F1 of every draw's predictions pooled, which overstates a random choice (see
+    :class:`~prmloop.models.prm.scoreboard.DrawSpread`) and is kept for the tables before it."""
+    from prmloop.models.prm.scoreboard import draw_spread
+    from prmloop.models.processbench import processbench_f1
+
+    def f1_of(predicted: list[int | None], chosen: list[int] | None = None) -> float | None:
+        at = range(len(truth)) if chosen is None else chosen
+        return processbench_f1([predicted[i] for i in at], [truth[i] for i in at])["f1"]
+
+    f1s = [f for f in (f1_of(p) for p in per_draw) if f is not None]
+    by_level: dict[str, float | None] = {}
+    for level in sorted(set(levels)):
+        chosen = [i for i, v in enumerate(levels) if v == level]
+        values = [f for f in (f1_of(p, chosen) for p in per_draw) if f is not None]
+        by_level[level] = round(sum(values) / len(values), 4) if values else None
+    pooled = processbench_f1([p for block in per_draw for p in block], truth * len(per_draw))["f1"]
+    spread = draw_spread(f1s) if f1s else None
+    return {
+        "f1": round(spread.mean, 4) if spread else None,
+        "lo": round(spread.lo, 4) if spread else None,
+        "hi": round(spread.hi, 4) if spread else None,
+        "by_level": by_level,
+        "draw_f1": spread.as_dict() if spread else None,
+        "pooled_f1": None if pooled is None else round(pooled, 4),
+    }
 
 
 def _fe(first: int | None) -> int:
@@ -177,6 +214,7 @@ def bench_learn(
     db: Any,
     *,
     seeds: int = 3,
+    draws: int = 20,
     budgets: list[int] | None = None,
     threads: int | None = None,
     say: Say = lambda _line: None,
@@ -189,6 +227,8 @@ def bench_learn(
     from prmloop.models.prm.ensemble_prm import train_ensemble_prm
     from prmloop.models.prm.features import FeatureCache, FeatureSpec
     from prmloop.models.prm.pool_items import example_at, items_f1_report, predict_first_errors
+    from prmloop.models.prm.scoreboard import draw_spread, rank_among
+    from prmloop.models.processbench import processbench_f1
     from prmloop.store.settings import StateSettings
 
     started = time.monotonic()
@@ -204,25 +244,36 @@ def bench_learn(
     manifest, test = test_items(threads=threads, say=say)
     say(
         f"bench learn: {len(loop_order)} accepted labels, {len(rows)} sampled solutions ({len(exact_pool)} the "
-        f"checker decides); budgets {budgets}; {seeds} seeds; test set {manifest['file']} ({len(test)} solutions)"
+        f"checker decides); budgets {budgets}; {seeds} seeds, {draws} random draws; test set {manifest['file']} "
+        f"({len(test)} solutions)"
     )
     test_features: dict[str, np.ndarray] | None = None
+    truth = [i.first_error for i in test] * seeds
+    levels = [i.subset for i in test] * seeds
 
-    def score(examples: list[Any], per_seed: list[list[Any]] | None = None) -> dict[str, Any]:
-        """Trained with each head seed, on ``examples`` or on ``per_seed[seed]`` (the random arm's draws)."""
+    def predict(examples: list[Any]) -> list[int | None]:
+        """Trained on ``examples`` with each head seed: the seeds' test predictions, one block each."""
         nonlocal test_features
-        predicted: list[int] = []
+        predicted: list[int | None] = []
         for seed in range(seeds):
             config = EnsembleConfig(threads=threads or 1, seed=seed)
-            examples = per_seed[seed] if per_seed is not None else examples
             prm, _ = train_ensemble_prm(examples, spec=spec, config=config, cache_dir=cache_dir, threads=threads)
             if test_features is None:
                 vectors = prm.features([i.problem for i in test], [list(i.steps) for i in test])
                 test_features = dict(zip([i.key for i in test], vectors, strict=True))
             predicted += predict_first_errors(prm, test, test_features)
-        report = items_f1_report(predicted, test, seeds)
-        by_level = {k: v["f1"] for k, v in report.items() if k != "all"}
-        return {"f1": report["all"]["f1"], "lo": report["all"]["lo"], "hi": report["all"]["hi"], "by_level": by_level}
+        return predicted
+
+    def report(predicted: list[int | None], blocks: int) -> dict[str, Any]:
+        out = items_f1_report(predicted, test, blocks)
+        by_level = {k: v["f1"] for k, v in out.items() if k != "all"}
+        return {"f1": out["all"]["f1"], "lo": out["all"]["lo"], "hi": out["all"]["hi"], "by_level": by_level}
+
+    def against(arm: dict[str, Any], draw_f1s: list[float]) -> dict[str, Any]:
+        if arm["f1"] is None or not draw_f1s:
+            return {**arm, "random_rank": None, "vs_random": None}
+        verdict = draw_spread(draw_f1s).verdict(arm["f1"])
+        return {**arm, "random_rank": rank_among(arm["f1"], draw_f1s), "vs_random": verdict}
 
     arms: dict[str, list[dict[str, Any]]] = {"loop": [], "oracle": [], "random": []}
     for n in budgets:
@@ -230,21 +281,22 @@ def bench_learn(
         tokens = chosen[-1].tokens_by_then
         loop_examples = [example_at(r.problem, r.steps, _fe(r.accepted_first_error)) for r in chosen]
         oracle = [r for r in chosen if r.exact_first_error is not None]
-        arms["loop"].append({"labels": n, "tokens": tokens, **score(loop_examples)})
-        arms["oracle"].append(
-            {
-                "labels": n,
-                "exact_labels": len(oracle),
-                "tokens": tokens,
-                **score([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]),
-            }
-        )
-        draws = random_draws(exact_pool, n, seeds)
-        exact = [[example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in drawn] for drawn in draws]
-        arms["random"].append({"labels": len(draws[0]), **score(exact[0], per_seed=exact)})
+        drawn = random_draws(exact_pool, n, draws)
+        per_draw = [predict([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in d]) for d in drawn]
+        draw_f1s = [f for f in (processbench_f1(p, truth)["f1"] for p in per_draw) if f is not None]
+        arms["random"].append({"labels": len(drawn[0]), **random_summary(per_draw, truth, levels)})
+        spread = arms["random"][-1]["draw_f1"]
+        loop = {"labels": n, "tokens": tokens, **report(predict(loop_examples), seeds)}
+        arms["loop"].append(against(loop, draw_f1s))
+        exact_same = [example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]
+        oracle_arm = {"labels": n, "exact_labels": len(oracle), "tokens": tokens, **report(predict(exact_same), seeds)}
+        arms["oracle"].append(against(oracle_arm, draw_f1s))
+        loop_line, random_line = arms["loop"][-1], arms["random"][-1]
+        spread_words = f" (draws {spread['lo']:.3f}-{spread['hi']:.3f})" if spread else ""
         say(
-            f"bench learn: {n} labels: loop {arms['loop'][-1]['f1']}, oracle {arms['oracle'][-1]['f1']}, "
-            f"random {arms['random'][-1]['f1']} ({time.monotonic() - started:.0f}s)"
+            f"bench learn: {n} labels: loop {loop_line['f1']} (beats {loop_line['random_rank']} % of random draws, "
+            f"{loop_line['vs_random']} their 95 % range), oracle {arms['oracle'][-1]['f1']}, random draws' mean "
+            f"{random_line['f1']}{spread_words} ({time.monotonic() - started:.0f}s)"
         )
     return {
         "bench": "learn",
@@ -252,6 +304,7 @@ def bench_learn(
         "test_set": f"{manifest['file']}@{manifest['sha256'][:12]}",
         "test_solutions": len(test),
         "seeds": seeds,
+        "draws": draws,
         "budgets": budgets,
         "arms": arms,
         "spread": label_spread(rows),

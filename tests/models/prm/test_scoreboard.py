@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prmloop.models.prm.scoreboard import f1_interval, f1_report, paired_f1_diff
+from prmloop.models.prm.scoreboard import draw_spread, f1_interval, f1_report, paired_f1_diff, rank_among
 from prmloop.models.processbench import processbench_f1
 
 
@@ -114,3 +116,24 @@ def test_paired_difference_is_the_difference_of_the_points(rows: list[tuple[int,
     assert fa is not None and fb is not None
     assert paired.diff == pytest.approx(fa - fb)
     assert paired.lo <= paired.hi
+
+
+def test_the_spread_over_draws_is_their_percentiles_by_hand() -> None:
+    # five draws 0.1 .. 0.5: numpy's linear percentiles at 2.5 % and 97.5 % lie a tenth of a step inside
+    spread = draw_spread([0.3, 0.1, 0.5, 0.2, 0.4])
+    assert spread.median == pytest.approx(0.3) and spread.mean == pytest.approx(0.3)
+    assert spread.lo == pytest.approx(0.1 + 0.1 * 0.1) and spread.hi == pytest.approx(0.5 - 0.1 * 0.1)
+    assert spread.sd == pytest.approx(math.sqrt(0.02)) and spread.n == 5
+    assert [spread.verdict(f) for f in (0.105, 0.115, 0.485, 0.495)] == ["below", "within", "within", "above"]
+    with pytest.raises(ValueError, match="at least one"):
+        draw_spread([])
+
+
+def test_the_rank_among_draws_counts_ties_half() -> None:
+    draws = [0.2, 0.4, 0.4, 0.6]
+    assert rank_among(0.1, draws) == 0.0
+    assert rank_among(0.4, draws) == 50.0  # beats 0.2, ties two: 1 + 2 * 0.5 of 4
+    assert rank_among(0.5, draws) == 75.0
+    assert rank_among(0.7, draws) == 100.0
+    with pytest.raises(ValueError, match="at least one"):
+        rank_among(0.5, [])

@@ -8,7 +8,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from prmloop.consumers.sink import events_to_arrow
-from prmloop.flows.lab.bench.learn import budgets_for, label_spread, random_draws, read_loop_store
+from prmloop.flows.lab.bench.learn import (
+    bench_learn,
+    budgets_for,
+    label_spread,
+    random_draws,
+    random_summary,
+    read_loop_store,
+)
 from prmloop.models.arith import generate_question
 from prmloop.models.arith.corrupt import corrupted_solution
 from prmloop.producers.arith import arith_question
@@ -118,10 +125,43 @@ def test_budgets_double_and_end_on_what_was_accepted() -> None:
     assert budgets_for(0) == []
 
 
-def test_the_random_arm_draws_anew_for_every_head_seed() -> None:
+def test_the_random_arm_draws_anew_every_time() -> None:
     pool = list(range(40))
-    draws = random_draws(pool, 15, 3)
-    assert len(draws) == 3 and all(len(d) == 15 and len(set(d)) == 15 for d in draws)
-    assert len({tuple(sorted(d)) for d in draws}) == 3  # three draws, not one drawn three times
-    assert draws == random_draws(pool, 15, 3)  # the same on every run
+    draws = random_draws(pool, 15, 20)
+    assert len(draws) == 20 and all(len(d) == 15 and len(set(d)) == 15 for d in draws)
+    assert len({tuple(sorted(d)) for d in draws}) == 20  # twenty draws, not one drawn twenty times
+    assert random_draws(pool, 15, 3) == draws[:3]  # more draws add to the first ones
+    assert draws == random_draws(pool, 15, 20)  # the same on every run
     assert [sorted(d) for d in random_draws(pool, 60, 2)] == [pool, pool]  # fewer than asked: all of them
+
+
+def test_the_random_arm_is_the_mean_of_its_draws_not_their_pooled_predictions() -> None:
+    # Two erroneous solutions (first error at step 0, level L1) and two correct ones (L2). One draw's
+    # model says "no error" everywhere (F1 0: no error found), the other flags step 0 everywhere (F1 0: no
+    # correct solution passed). Pooled, each accuracy is 1/2 and the mixture's F1 is 1/2: above both.
+    truth, levels = [0, 0, -1, -1], ["L1", "L1", "L2", "L2"]
+    lenient, strict = [-1, -1, -1, -1], [0, 0, 0, 0]
+    summary = random_summary([lenient, strict], truth, levels)
+    assert summary["f1"] == 0.0 and summary["pooled_f1"] == 0.5
+    assert summary["draw_f1"]["n"] == 2 and summary["lo"] == 0.0 and summary["hi"] == 0.0
+    assert summary["by_level"] == {"L1": None, "L2": None}  # each level holds one kind only: no F1
+    # a draw that is right everywhere: F1 1, and the mean of (0, 0, 1) is a third
+    summary = random_summary([lenient, strict, [0, 0, -1, -1]], truth, levels)
+    assert summary["f1"] == round(1 / 3, 4) and summary["draw_f1"]["median"] == 0.0
+
+
+def test_bench_learn_ranks_the_loop_among_random_draws_on_the_test_set(tmp_path: Path) -> None:
+    """The whole bench on the hand-made store: the embedded backbone's features, the shipped test set."""
+    lines: list[str] = []
+    result = bench_learn(_store(tmp_path), seeds=1, draws=4, budgets=[3], say=lines.append)
+    (loop,), (oracle,), (rand,) = result["arms"]["loop"], result["arms"]["oracle"], result["arms"]["random"]
+    assert result["draws"] == 4 and result["test_solutions"] >= 1500
+    spread = rand["draw_f1"]
+    assert spread["n"] == 4 and spread["lo"] <= spread["median"] <= spread["hi"]
+    assert rand["f1"] == spread["mean"] and (rand["lo"], rand["hi"]) == (spread["lo"], spread["hi"])
+    for arm in (loop, oracle):
+        assert arm["lo"] <= arm["f1"] <= arm["hi"]  # its own interval: over test questions
+        expected = "above" if arm["f1"] > spread["hi"] else "below" if arm["f1"] < spread["lo"] else "within"
+        assert arm["vs_random"] == expected and 0.0 <= arm["random_rank"] <= 100.0
+        assert arm["random_rank"] >= 50.0 if arm["f1"] > spread["median"] else arm["random_rank"] <= 50.0
+    assert "beats" in lines[-1] and "random draws' mean" in lines[-1]
