@@ -106,7 +106,7 @@ def _root(
     ctx.with_resource(isolate_prefect_state(home))
     # While `prmloop up` runs a Prefect server, flow runs go to it (and show in its UI).
     if not USER_CHOSE_PREFECT and "prefect" not in sys.modules:
-        from prmloop.flows.ops.stack import prefect_api_url
+        from prmloop.flows.ops.services import prefect_api_url
 
         url = prefect_api_url(StateSettings(home=home))
         if url:

@@ -54,7 +54,7 @@ def prefect() -> None:
 @credentials_app.command("engine")
 def engine() -> None:
     """The vLLM engine's /v1 address (when `prmloop up` runs one) and its API key, as one JSON object."""
-    from prmloop.flows.ops.stack import read_state
+    from prmloop.flows.ops.services import read_state
     from prmloop.store.auth.credentials import load_credentials
 
     state = StateSettings()

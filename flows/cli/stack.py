@@ -63,7 +63,7 @@ def up(  # noqa: PLR0917 (typer's options)
             raise typer.BadParameter(f"{cluster_engine!r}: write simulator or model", param_hint="--cluster-engine")
         typer.echo(json.dumps(cluster_up(engine=cluster_engine, say=progress_line)))
         return
-    from prmloop.flows.ops.stack import STACK_SERVICES
+    from prmloop.flows.ops.services import STACK_SERVICES
     from prmloop.flows.ops.stack import up as start
 
     if engine not in ("auto", "transformers", "vllm"):
@@ -176,7 +176,7 @@ def screenshots(
     """Screenshots of the Prefect UI (flow runs, deployments, the loop's artifacts) in headless Chromium
     (Debian's `chromium` package: `apt-get install chromium`)."""
     from prmloop.flows.ops.screenshots import find_chromium, take_screenshots
-    from prmloop.flows.ops.stack import prefect_api_url
+    from prmloop.flows.ops.services import prefect_api_url
 
     # Chromium first: it is installed once, while a server is started every session.
     try:

@@ -204,7 +204,7 @@ def status(
     broker or store that cannot be read is said so; the rest is still reported. A few readable lines on
     a terminal; one JSON object with --json or when piped."""
     from prmloop.flows.ops.cluster import cluster_connection, cluster_report
-    from prmloop.flows.ops.stack import service_report
+    from prmloop.flows.ops.services import service_report
     from prmloop.store.kafka.broker_file import BrokerInfo, find_bootstrap_servers, read_broker_file
     from prmloop.store.settings import KafkaSettings
 

@@ -47,7 +47,7 @@ from prmloop.flows.loop.watch import (
     EngineMeter,
     EventWatch,
 )
-from prmloop.flows.ops.stack import SERVICES
+from prmloop.flows.ops.services import SERVICES
 from prmloop.models.backends.request_log import REQUEST_LOG_VARIABLE
 from prmloop.models.questions import Question
 from prmloop.store.settings import KafkaSettings, StateSettings
@@ -110,7 +110,8 @@ class Loop(LoopReport, LoopFeeding):
 
     # -- start ---------------------------------------------------------------------------------------
     def start(self) -> None:
-        from prmloop.flows.ops.stack import prefect_api_url, read_state, up
+        from prmloop.flows.ops.services import prefect_api_url, read_state
+        from prmloop.flows.ops.stack import up
 
         self.home.mkdir(parents=True, exist_ok=True)
         os.environ["PRMLOOP_HOME"] = str(self.home)
@@ -188,7 +189,7 @@ class Loop(LoopReport, LoopFeeding):
             os.environ.setdefault(key, value)
 
     def _engine_url(self) -> str | None:
-        from prmloop.flows.ops.stack import read_state
+        from prmloop.flows.ops.services import read_state
 
         if self.s.engine == "transformers":
             return None

@@ -36,7 +36,7 @@ class LoopReport:
     def _sample_rss(self) -> None:
         """Every process's memory and CPU (one read of ``/proc`` for the CPU), and the machine's ticks;
         samples taken while the run stops are not CPU samples (the services idle then)."""
-        from prmloop.flows.ops.stack import running_services
+        from prmloop.flows.ops.services import running_services
 
         at = self.status.elapsed()
         roots = {name: record.pid for name, record in running_services(self.state).items()}

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from prmloop.flows.ops.prefect_home import prefect_auth_environment, prefect_cli
-from prmloop.flows.ops.stack import ServiceState, last_log_line
+from prmloop.flows.ops.services import ServiceState, last_log_line
 from prmloop.flows.ops.topology import APP_SERVICES, SHARED_VARIABLES, Service, native_engine
 from prmloop.store.auth.credentials import BROKER_ROLE, PREFECT_ROLE, READER_ROLE, SINK_ROLE, load_credentials
 from prmloop.store.kafka.follow import read_links

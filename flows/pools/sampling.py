@@ -113,7 +113,7 @@ def _engine_key() -> str:
 
 def _running_engine() -> str | None:
     """The ``/v1`` URL of the vLLM engine ``prmloop up`` runs for this home, if it runs."""
-    from prmloop.flows.ops.stack import read_state
+    from prmloop.flows.ops.services import read_state
     from prmloop.store.settings import StateSettings
 
     record = read_state(StateSettings(), "engine")

@@ -199,7 +199,8 @@ def bench_loop_real(
     where it needs to, :data:`~prmloop.flows.lab.bench.rounds_arm.OVERTIME_FACTOR` times them at most)."""
     from prmloop.flows.lab.bench.rounds_arm import run_rounds_arm
     from prmloop.flows.ops.engine import engine_unavailable
-    from prmloop.flows.ops.stack import down, prefect_api_url, read_state, up
+    from prmloop.flows.ops.services import prefect_api_url, read_state
+    from prmloop.flows.ops.stack import down, up
     from prmloop.flows.retrain_ensemble import eval_items
     from prmloop.store.tables.metrics import label_quality
 

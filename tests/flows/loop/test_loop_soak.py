@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_process import prmloop_cli
 
-from prmloop.flows.ops.stack import prefect_api_url
+from prmloop.flows.ops.services import prefect_api_url
 from prmloop.store.settings import StateSettings
 
 # The fixture runs the loop up to its 12-minute cap: longer than the suite's 600 s per test.

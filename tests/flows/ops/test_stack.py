@@ -17,7 +17,7 @@ import pytest
 from cli_process import prmloop_cli
 
 from prmloop.flows.lab.bench.synthetic import synthetic_events
-from prmloop.flows.ops.stack import read_state, running_services
+from prmloop.flows.ops.services import read_state, running_services
 from prmloop.store.kafka.broker_file import read_broker_file
 from prmloop.store.kafka.follow import read_links
 from prmloop.store.kafka.producer import EventProducer

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from prmloop.flows.ops.engine import engine_environment
-from prmloop.flows.ops.stack import down, read_state, service_report, up
+from prmloop.flows.ops.services import read_state, service_report
+from prmloop.flows.ops.stack import down, up
 from prmloop.models.backends.base import SamplingParams, Tokenized
 from prmloop.models.backends.openai_backend import OpenAICompatibleBackend, TokenizedOpenAIBackend
 from prmloop.models.backends.registry import build_backend
