@@ -140,7 +140,10 @@ def bench_active_cmd(  # noqa: PLR0917 - one parameter per command-line option
 @bench_app.command("learn")
 def bench_learn_cmd(
     *,
-    db: Annotated[str | None, typer.Option(help="the loop's store (default: this home's)")] = None,
+    db: Annotated[
+        list[str] | None,
+        typer.Option(help="the loop's store (default: this home's); repeat for several loops, e.g. other --seeds"),
+    ] = None,
     seeds: Annotated[int, typer.Option(min=1, help="head seeds every training set is trained with")] = 3,
     draws: Annotated[
         int, typer.Option(min=1, help="random draws per budget: their F1s' spread and the loop's rank in it")
@@ -154,16 +157,21 @@ def bench_learn_cmd(
     """From a loop's store: test F1 (95 % interval) against accepted labels and generated tokens for the
     loop's consensus labels, exact labels of the same solutions (oracle) and exact labels of random
     solutions the loop sampled (many draws: their spread, and the loop's rank among them); and where the
-    loop's labels fell. One JSON line."""
+    loop's labels fell. With several --db (loops of other --seed values), each loop is ranked among its own
+    draws at the budgets they all reached, and across_runs gives the ranks side by side. One JSON line."""
     from prmloop.flows.cli.app import db_path
-    from prmloop.flows.lab.bench.learn import bench_learn, write_json
+    from prmloop.flows.lab.bench.learn import bench_learn_runs, write_json
 
     try:
         chosen = [int(v) for v in budgets.split(",")] if budgets else None
     except ValueError:
         raise typer.BadParameter(f"--budgets takes numbers like 15,30,60, not {budgets!r}") from None
 
-    result = bench_learn(db_path(db), seeds=seeds, draws=draws, budgets=chosen, threads=threads, say=progress_line)
+    stores = [db_path(d) for d in db] if db else [db_path(None)]
+    try:
+        result = bench_learn_runs(stores, seeds=seeds, draws=draws, budgets=chosen, threads=threads, say=progress_line)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     if out is not None:
         write_json(out, result)
     typer.echo(json.dumps(result))

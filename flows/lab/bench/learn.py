@@ -31,12 +31,22 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LearnRow", "bench_learn", "budgets_for", "random_draws", "random_summary", "read_loop_store"]
+__all__ = [
+    "LearnRow",
+    "accepted_labels",
+    "across_runs",
+    "bench_learn",
+    "bench_learn_runs",
+    "budgets_for",
+    "random_draws",
+    "random_summary",
+    "read_loop_store",
+]
 
 Say = Callable[[str], None]
 
@@ -238,6 +248,12 @@ def bench_learn(
     if len(loop_order) < 2:
         raise ValueError(f"{db}: {len(loop_order)} accepted labels; run the loop longer (`prmloop run --minutes 15`)")
     budgets = budgets or budgets_for(len(loop_order))
+    over = [n for n in budgets if n > len(loop_order) or n < 1]
+    if over:
+        raise ValueError(
+            f"{db}: budget {over[0]} is not within the {len(loop_order)} labels it accepted; "
+            f"choose --budgets up to {len(loop_order)}"
+        )
     spec = FeatureSpec()
     cache_dir = StateSettings().features_dir
     seed_features(FeatureCache(cache_dir, spec))
@@ -309,6 +325,66 @@ def bench_learn(
         "arms": arms,
         "spread": label_spread(rows),
         "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def accepted_labels(db: Any) -> int:
+    """How many labels the loop behind ``db`` accepted (what ``bench learn`` can train its loop arm on)."""
+    return sum(r.accepted_first_error is not None for r in read_loop_store(db))
+
+
+def across_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per budget, the loops of several stores against their random draws: the mean F1 of each arm, every
+    run's rank of the loop among its own random draws and their mean, and how many runs fell above, within
+    or below the draws' 95 % range. One run is one draw of the loop; several tell its spread."""
+    out = []
+    for i, n in enumerate(results[0]["budgets"]):
+        loops = [r["arms"]["loop"][i] for r in results]
+        ranks = [a["random_rank"] for a in loops if a["random_rank"] is not None]
+
+        def mean(values: Sequence[float | None]) -> float | None:
+            kept = [v for v in values if v is not None]
+            return round(sum(kept) / len(kept), 4) if kept else None
+
+        out.append(
+            {
+                "labels": n,
+                "runs": len(results),
+                "loop_f1_mean": mean([a["f1"] for a in loops]),
+                "oracle_f1_mean": mean([r["arms"]["oracle"][i]["f1"] for r in results]),
+                "random_f1_mean": mean([r["arms"]["random"][i]["f1"] for r in results]),
+                "loop_ranks": ranks,
+                "loop_rank_mean": mean(ranks),
+                "loop_vs_random": {v: sum(a["vs_random"] == v for a in loops) for v in ("above", "within", "below")},
+            }
+        )
+    return out
+
+
+def bench_learn_runs(
+    dbs: list[Any], *, budgets: list[int] | None = None, say: Say = lambda _line: None, **options: Any
+) -> dict[str, Any]:
+    """:func:`bench_learn` on one store, or on each of several loops' stores (runs of other ``--seed``s,
+    say) at the budgets they all reached, with :func:`across_runs` beside the runs."""
+    if len(dbs) == 1:
+        return bench_learn(dbs[0], budgets=budgets, say=say, **options)
+    counts = {str(db): accepted_labels(db) for db in dbs}
+    fewest = min(counts.values())
+    chosen = budgets or budgets_for(fewest)
+    results = []
+    for k, db in enumerate(dbs, 1):
+        say(f"bench learn: run {k} of {len(dbs)}: {db} ({counts[str(db)]} accepted labels)")
+        results.append(bench_learn(db, budgets=chosen, say=say, **options))
+    return {
+        "bench": "learn",
+        "stores": [str(db) for db in dbs],
+        "budgets": chosen,
+        "seeds": results[0]["seeds"],
+        "draws": results[0]["draws"],
+        "test_set": results[0]["test_set"],
+        "across_runs": across_runs(results),
+        "runs": results,
+        "seconds": round(sum(r["seconds"] for r in results), 1),
     }
 
 

@@ -7,8 +7,11 @@ import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.learn import (
+    across_runs,
     bench_learn,
     budgets_for,
     label_spread,
@@ -165,3 +168,36 @@ def test_bench_learn_ranks_the_loop_among_random_draws_on_the_test_set(tmp_path:
         assert arm["vs_random"] == expected and 0.0 <= arm["random_rank"] <= 100.0
         assert arm["random_rank"] >= 50.0 if arm["f1"] > spread["median"] else arm["random_rank"] <= 50.0
     assert "beats" in lines[-1] and "random draws' mean" in lines[-1]
+
+
+def _run(loop: list[tuple[float, float | None, str | None]], oracle: list[float], rand: list[float]) -> dict:
+    """A bench learn result as :func:`bench_learn` shapes it: per budget, (F1, rank, verdict) of the loop."""
+    return {
+        "budgets": [8, 15][: len(loop)],
+        "arms": {
+            "loop": [{"f1": f, "random_rank": r, "vs_random": v} for f, r, v in loop],
+            "oracle": [{"f1": f} for f in oracle],
+            "random": [{"f1": f} for f in rand],
+        },
+    }
+
+
+def test_across_runs_sets_each_loop_beside_its_own_random_draws() -> None:
+    runs = [
+        _run([(0.4, 30.0, "within"), (0.6, 95.0, "above")], [0.5, 0.6], [0.38, 0.50]),
+        _run([(0.2, 0.0, "below"), (0.7, 80.0, "within")], [0.3, 0.7], [0.42, 0.54]),
+        _run([(0.3, None, None), (0.5, 40.0, "within")], [0.4, 0.5], [0.40, 0.58]),  # no random F1 at 8
+    ]
+    at8, at15 = across_runs(runs)
+    assert at8["labels"] == 8 and at8["runs"] == 3
+    assert at8["loop_f1_mean"] == 0.3 and at8["oracle_f1_mean"] == 0.4 and at8["random_f1_mean"] == 0.4
+    assert at8["loop_ranks"] == [30.0, 0.0] and at8["loop_rank_mean"] == 15.0  # the run without a rank left out
+    assert at8["loop_vs_random"] == {"above": 0, "within": 1, "below": 1}
+    assert at15["loop_rank_mean"] == round((95 + 80 + 40) / 3, 4)
+    assert at15["loop_vs_random"] == {"above": 1, "within": 2, "below": 0}
+
+
+def test_a_budget_beyond_the_accepted_labels_is_refused_by_name(tmp_path: Path) -> None:
+    db = _store(tmp_path)
+    with pytest.raises(ValueError, match=r"budget 5 is not within the 3 labels it accepted; choose --budgets up to 3"):
+        bench_learn(db, budgets=[2, 5])
