@@ -43,6 +43,7 @@ __all__ = [
     "bench_learn",
     "bench_learn_runs",
     "budgets_for",
+    "draw_f1s",
     "random_draws",
     "random_summary",
     "read_loop_store",
@@ -140,6 +141,18 @@ def random_draws(pool: list[Any], n: int, draws: int) -> list[list[Any]]:
     return [random.Random(f"{n}/{draw}").sample(pool, min(n, len(pool))) for draw in range(draws)]
 
 
+def draw_f1s(per_draw: list[list[int | None]], truth: list[int]) -> list[float]:
+    """Each draw's F1 on its own predictions (draws with no F1, one kind of solution missing, left out)."""
+    from prmloop.models.processbench import processbench_f1
+
+    return [f for f in (processbench_f1(p, truth)["f1"] for p in per_draw) if f is not None]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return round(sum(kept) / len(kept), 4) if kept else None
+
+
 def random_summary(per_draw: list[list[int | None]], truth: list[int], levels: list[str]) -> dict[str, Any]:
     """The random arm at one budget from each draw's test predictions (``truth`` and ``levels`` per
     prediction): ``f1`` the mean of the draws' F1s, ``lo``/``hi`` their 95 % range (the spread over draws,
@@ -149,16 +162,11 @@ def random_summary(per_draw: list[list[int | None]], truth: list[int], levels: l
     from prmloop.models.prm.scoreboard import draw_spread
     from prmloop.models.processbench import processbench_f1
 
-    def f1_of(predicted: list[int | None], chosen: list[int] | None = None) -> float | None:
-        at = range(len(truth)) if chosen is None else chosen
-        return processbench_f1([predicted[i] for i in at], [truth[i] for i in at])["f1"]
-
-    f1s = [f for f in (f1_of(p) for p in per_draw) if f is not None]
+    f1s = draw_f1s(per_draw, truth)
     by_level: dict[str, float | None] = {}
     for level in sorted(set(levels)):
         chosen = [i for i, v in enumerate(levels) if v == level]
-        values = [f for f in (f1_of(p, chosen) for p in per_draw) if f is not None]
-        by_level[level] = round(sum(values) / len(values), 4) if values else None
+        by_level[level] = _mean(draw_f1s([[p[i] for i in chosen] for p in per_draw], [truth[i] for i in chosen]))
     pooled = processbench_f1([p for block in per_draw for p in block], truth * len(per_draw))["f1"]
     spread = draw_spread(f1s) if f1s else None
     return {
@@ -238,7 +246,6 @@ def bench_learn(
     from prmloop.models.prm.features import FeatureCache, FeatureSpec
     from prmloop.models.prm.pool_items import example_at, items_f1_report, predict_first_errors
     from prmloop.models.prm.scoreboard import draw_spread, rank_among
-    from prmloop.models.processbench import processbench_f1
     from prmloop.store.settings import StateSettings
 
     started = time.monotonic()
@@ -285,11 +292,10 @@ def bench_learn(
         by_level = {k: v["f1"] for k, v in out.items() if k != "all"}
         return {"f1": out["all"]["f1"], "lo": out["all"]["lo"], "hi": out["all"]["hi"], "by_level": by_level}
 
-    def against(arm: dict[str, Any], draw_f1s: list[float]) -> dict[str, Any]:
-        if arm["f1"] is None or not draw_f1s:
+    def against(arm: dict[str, Any], f1s: list[float]) -> dict[str, Any]:
+        if arm["f1"] is None or not f1s:
             return {**arm, "random_rank": None, "vs_random": None}
-        verdict = draw_spread(draw_f1s).verdict(arm["f1"])
-        return {**arm, "random_rank": rank_among(arm["f1"], draw_f1s), "vs_random": verdict}
+        return {**arm, "random_rank": rank_among(arm["f1"], f1s), "vs_random": draw_spread(f1s).verdict(arm["f1"])}
 
     arms: dict[str, list[dict[str, Any]]] = {"loop": [], "oracle": [], "random": []}
     for n in budgets:
@@ -299,14 +305,14 @@ def bench_learn(
         oracle = [r for r in chosen if r.exact_first_error is not None]
         drawn = random_draws(exact_pool, n, draws)
         per_draw = [predict([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in d]) for d in drawn]
-        draw_f1s = [f for f in (processbench_f1(p, truth)["f1"] for p in per_draw) if f is not None]
         arms["random"].append({"labels": len(drawn[0]), **random_summary(per_draw, truth, levels)})
         spread = arms["random"][-1]["draw_f1"]
+        random_f1s = draw_f1s(per_draw, truth)
         loop = {"labels": n, "tokens": tokens, **report(predict(loop_examples), seeds)}
-        arms["loop"].append(against(loop, draw_f1s))
+        arms["loop"].append(against(loop, random_f1s))
         exact_same = [example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in oracle]
         oracle_arm = {"labels": n, "exact_labels": len(oracle), "tokens": tokens, **report(predict(exact_same), seeds)}
-        arms["oracle"].append(against(oracle_arm, draw_f1s))
+        arms["oracle"].append(against(oracle_arm, random_f1s))
         loop_line, random_line = arms["loop"][-1], arms["random"][-1]
         spread_words = f" (draws {spread['lo']:.3f}-{spread['hi']:.3f})" if spread else ""
         say(
@@ -342,19 +348,15 @@ def across_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         loops = [r["arms"]["loop"][i] for r in results]
         ranks = [a["random_rank"] for a in loops if a["random_rank"] is not None]
 
-        def mean(values: Sequence[float | None]) -> float | None:
-            kept = [v for v in values if v is not None]
-            return round(sum(kept) / len(kept), 4) if kept else None
-
         out.append(
             {
                 "labels": n,
                 "runs": len(results),
-                "loop_f1_mean": mean([a["f1"] for a in loops]),
-                "oracle_f1_mean": mean([r["arms"]["oracle"][i]["f1"] for r in results]),
-                "random_f1_mean": mean([r["arms"]["random"][i]["f1"] for r in results]),
+                "loop_f1_mean": _mean([a["f1"] for a in loops]),
+                "oracle_f1_mean": _mean([r["arms"]["oracle"][i]["f1"] for r in results]),
+                "random_f1_mean": _mean([r["arms"]["random"][i]["f1"] for r in results]),
                 "loop_ranks": ranks,
-                "loop_rank_mean": mean(ranks),
+                "loop_rank_mean": _mean(ranks),
                 "loop_vs_random": {v: sum(a["vs_random"] == v for a in loops) for v in ("above", "within", "below")},
             }
         )
