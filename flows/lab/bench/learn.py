@@ -13,15 +13,18 @@ the ensemble PRM the loop retrains (the same features and heads) is trained on:
 
 Each training set is trained with the same ``seeds`` head seeds and scored on the shipped test set
 (:mod:`prmloop.flows.pools.testset`), which nothing trains or promotes on: the F1 pools the seeds'
-predictions (for random, every draw's too) and its 95 % interval is a bootstrap over test questions
+predictions (random's is the mean of its draws' F1s) and its 95 % interval is a bootstrap over test questions
 (:func:`prmloop.models.prm.scoreboard.f1_interval`). That interval is about one model; at a few labels
 the training set matters far more (:mod:`prmloop.models.prm.scoreboard`), and the loop's labels are one
 training set. So the random arm also gives its draws' spread (``draw_f1``: 2.5 %, 50 %, 97.5 %, sd), and
 the loop and oracle arms their rank among the draws (``random_rank``: the percentage of random draws
 they beat) and ``vs_random`` (``above``, ``within`` or ``below`` the draws' 95 % range).
 
-The x axes are accepted labels and the generated tokens the loop had spent when its N-th label was
-accepted. Beside the curves: where the loop's labels fell (levels, questions, first-error positions),
+The x axes are accepted labels and generated tokens: for the loop and the oracle, the tokens the loop
+had spent (solutions, rollouts, judge) when its N-th label was accepted; for random order, the drawn
+solutions' own tokens and what labelling each cost (:func:`labelling_cost`), averaged over the draws.
+``tokens_to_match`` says where the loop reaches random order's final F1 and with what share of its
+tokens. Beside the curves: where the loop's labels fell (levels, questions, first-error positions),
 how often consensus agrees with the checker on the labels it kept, and what it rejected.
 """
 
@@ -70,6 +73,12 @@ class LearnRow:
     rejected: bool
     #: the checker's first error (-1: none), None: it does not decide
     exact_first_error: int | None
+    #: the tokens generated for this solution itself (its completion)
+    own_tokens: int = 0
+    #: the tokens generated labelling it (MC rollouts, the judge), where the loop labelled it
+    label_tokens: int = 0
+    #: whether the loop's annotator labelled it (a StepsLabeled event: MC rollouts, or none for a right answer)
+    mc_labelled: bool = False
 
 
 _EVENTS = """
@@ -88,6 +97,8 @@ def read_loop_store(db: Any) -> list[LearnRow]:
     solutions: dict[str, dict[str, Any]] = {}
     accepted: dict[str, tuple[int, float, int]] = {}
     rejected: set[str] = set()
+    label_tokens: dict[str, int] = {}
+    mc_labelled: set[str] = set()
     tokens = 0
     for event_type, at, payload in query(db, _EVENTS).rows:
         p = json.loads(payload) if isinstance(payload, str) else payload
@@ -95,7 +106,11 @@ def read_loop_store(db: Any) -> list[LearnRow]:
             tokens += int(p.get("completion_tokens") or 0)
             solutions.setdefault(p["solution_id"], {**p, "at": float(at), "tokens": tokens})
         elif event_type in ("StepsLabeled", "StepsJudged"):
-            tokens += int(((p.get("cost") or {}).get("generated_tokens")) or 0)
+            spent = int(((p.get("cost") or {}).get("generated_tokens")) or 0)
+            tokens += spent
+            label_tokens[p["solution_id"]] = label_tokens.get(p["solution_id"], 0) + spent
+            if event_type == "StepsLabeled":
+                mc_labelled.add(p["solution_id"])
         elif event_type == "LabelsAccepted" and p["solution_id"] not in accepted:
             first = p.get("first_error_step")
             accepted[p["solution_id"]] = (-1 if first is None else int(first), float(at), tokens)
@@ -120,9 +135,59 @@ def read_loop_store(db: Any) -> list[LearnRow]:
                 accepted_at=label[1] if label else None,
                 rejected=sid in rejected and label is None,
                 exact_first_error=truth,
+                own_tokens=int(p.get("completion_tokens") or 0),
+                label_tokens=label_tokens.get(sid, 0),
+                mc_labelled=sid in mc_labelled,
             )
         )
     return rows
+
+
+def labelling_cost(rows: list[LearnRow]) -> Callable[[LearnRow], float]:
+    """What labelling one solution costs in generated tokens, as the loop paid it: a solution its annotator
+    labelled costs what it cost; any other costs the mean of those the annotator labelled with the same
+    outcome (a right answer is labelled without rollouts, a wrong one needs them), or of all it labelled
+    where none had that outcome. Random order labels every solution, so its cost is estimated this way."""
+    labelled = [r for r in rows if r.mc_labelled]
+    overall = _mean([float(r.label_tokens) for r in labelled]) or 0.0
+    by_outcome = {
+        outcome: _mean([float(r.label_tokens) for r in labelled if r.correct is outcome])
+        for outcome in (True, False, None)
+    }
+
+    def cost(row: LearnRow) -> float:
+        if row.mc_labelled:
+            return float(row.label_tokens)
+        known = by_outcome.get(row.correct)
+        return overall if known is None else known
+
+    return cost
+
+
+def random_order_tokens(drawn: list[list[LearnRow]], cost: Callable[[LearnRow], float]) -> int:
+    """The generated tokens of random order with every solution labelled, averaged over the draws: each
+    drawn solution's own tokens and its labelling cost."""
+    if not drawn:
+        return 0
+    return round(sum(sum(r.own_tokens + cost(r) for r in d) for d in drawn) / len(drawn))
+
+
+def tokens_to_match(arms: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Where the loop reaches random order's final F1 (the draws' mean at the largest budget), and with
+    what share of random order's tokens there: ``ratio`` under 1 means the loop needed fewer; None where
+    the loop never reached it (within the budgets benched)."""
+    final = arms["random"][-1]
+    target = final["f1"]
+    reached = next((a for a in arms["loop"] if target is not None and a["f1"] is not None and a["f1"] >= target), None)
+    ratio = round(reached["tokens"] / final["tokens"], 3) if reached and final.get("tokens") else None
+    return {
+        "random_final_f1": target,
+        "random_labels": final["labels"],
+        "random_tokens": final.get("tokens"),
+        "loop_labels": reached["labels"] if reached else None,
+        "loop_tokens": reached["tokens"] if reached else None,
+        "ratio": ratio,
+    }
 
 
 def budgets_for(labels: int, first: int = 15) -> list[int]:
@@ -254,6 +319,7 @@ def bench_learn(
     exact_pool = [r for r in rows if r.exact_first_error is not None]
     if len(loop_order) < 2:
         raise ValueError(f"{db}: {len(loop_order)} accepted labels; run the loop longer (`prmloop run --minutes 15`)")
+    cost = labelling_cost(rows)
     budgets = budgets or budgets_for(len(loop_order))
     over = [n for n in budgets if n > len(loop_order) or n < 1]
     if over:
@@ -305,7 +371,13 @@ def bench_learn(
         oracle = [r for r in chosen if r.exact_first_error is not None]
         drawn = random_draws(exact_pool, n, draws)
         per_draw = [predict([example_at(r.problem, r.steps, _fe(r.exact_first_error)) for r in d]) for d in drawn]
-        arms["random"].append({"labels": len(drawn[0]), **random_summary(per_draw, truth, levels)})
+        arms["random"].append(
+            {
+                "labels": len(drawn[0]),
+                "tokens": random_order_tokens(drawn, cost),
+                **random_summary(per_draw, truth, levels),
+            }
+        )
         spread = arms["random"][-1]["draw_f1"]
         random_f1s = draw_f1s(per_draw, truth)
         loop = {"labels": n, "tokens": tokens, **report(predict(loop_examples), seeds)}
@@ -318,7 +390,8 @@ def bench_learn(
         say(
             f"bench learn: {n} labels: loop {loop_line['f1']} (beats {loop_line['random_rank']} % of random draws, "
             f"{loop_line['vs_random']} their 95 % range), oracle {arms['oracle'][-1]['f1']}, random draws' mean "
-            f"{random_line['f1']}{spread_words} ({time.monotonic() - started:.0f}s)"
+            f"{random_line['f1']}{spread_words}; tokens: loop {loop_line['tokens']:,}, random order "
+            f"{random_line['tokens']:,} ({time.monotonic() - started:.0f}s)"
         )
     return {
         "bench": "learn",
@@ -329,6 +402,7 @@ def bench_learn(
         "draws": draws,
         "budgets": budgets,
         "arms": arms,
+        "tokens_to_match": tokens_to_match(arms),
         "spread": label_spread(rows),
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -355,6 +429,8 @@ def across_runs(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "loop_f1_mean": _mean([a["f1"] for a in loops]),
                 "oracle_f1_mean": _mean([r["arms"]["oracle"][i]["f1"] for r in results]),
                 "random_f1_mean": _mean([r["arms"]["random"][i]["f1"] for r in results]),
+                "loop_tokens_mean": _mean([a.get("tokens") for a in loops]),
+                "random_tokens_mean": _mean([r["arms"]["random"][i].get("tokens") for r in results]),
                 "loop_ranks": ranks,
                 "loop_rank_mean": _mean(ranks),
                 "loop_vs_random": {v: sum(a["vs_random"] == v for a in loops) for v in ("above", "within", "below")},
@@ -385,6 +461,7 @@ def bench_learn_runs(
         "draws": results[0]["draws"],
         "test_set": results[0]["test_set"],
         "across_runs": across_runs(results),
+        "tokens_to_match": [r["tokens_to_match"] for r in results],
         "runs": results,
         "seconds": round(sum(r["seconds"] for r in results), 1),
     }

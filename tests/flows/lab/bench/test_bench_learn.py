@@ -11,19 +11,24 @@ import pytest
 
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.learn import (
+    LearnRow,
     across_runs,
     bench_learn,
     budgets_for,
     label_spread,
+    labelling_cost,
     random_draws,
+    random_order_tokens,
     random_summary,
     read_loop_store,
+    tokens_to_match,
 )
 from prmloop.models.arith import generate_question
 from prmloop.models.arith.corrupt import corrupted_solution
 from prmloop.producers.arith import arith_question
 from prmloop.producers.events import solution_sampled
-from prmloop.store.events import LabelsAccepted, LabelsRejected, ModelRef, make_event
+from prmloop.store.events import LabelsAccepted, LabelsRejected, ModelRef, StepsLabeled, make_event
+from prmloop.store.events.payloads import CostLedger
 from prmloop.store.kafka.records import ConsumedEvent
 from prmloop.store.tables.duck import DuckEventStore
 
@@ -66,6 +71,17 @@ def _store(tmp_path: Path) -> Path:
                 completion_tokens=10,
             ).model_copy(update={"occurred_at": t0 + timedelta(seconds=n)})
         )
+    # the annotator labelled q1's wrong solution with 40 tokens of rollouts, before any decision
+    q1_wrong = f"{arith_question(generate_question(1, 77, 1)).id}/wrong"
+    mc = StepsLabeled(
+        solution_id=q1_wrong,
+        question_id=q1_wrong.rsplit("/", 1)[0],
+        method="adaptive_binary",
+        labels=tuple(i < truth[q1_wrong] for i in range(truth[q1_wrong] + 1)),
+        first_error_step=truth[q1_wrong],
+        cost=CostLedger(rollouts=4, generated_tokens=40),
+    )
+    events.append(make_event(mc, producer="test/0", occurred_at=t0 + timedelta(seconds=50)))
     decisions = [
         (f"{arith_question(generate_question(1, 77, 0)).id}/right", "accept", None),
         (f"{arith_question(generate_question(1, 77, 0)).id}/wrong", "accept", "off"),
@@ -107,8 +123,48 @@ def test_the_store_gives_every_sampled_solution_with_its_loop_and_exact_labels(t
     assert rows["wrongL11"].accepted_first_error == rows["wrongL11"].exact_first_error
     assert rows["rightL11"].rejected and rows["rightL11"].accepted_first_error is None
     assert rows["rightL20"].accepted_first_error is None and not rows["rightL20"].rejected
-    # tokens: the loop had sampled all six solutions (10 tokens each) before its first decision
-    assert right0.tokens_by_then == 60
+    # tokens: the loop had sampled all six solutions (10 tokens each) and spent 40 labelling one before
+    # its first decision
+    assert right0.tokens_by_then == 100
+    assert all(r.own_tokens == 10 for r in rows.values())
+    assert rows["wrongL11"].mc_labelled and rows["wrongL11"].label_tokens == 40
+    assert not right0.mc_labelled and right0.label_tokens == 0
+
+
+def _row(name: str, *, correct: bool | None, mc: bool, label_tokens: int = 0, own: int = 10) -> LearnRow:
+    return LearnRow(
+        solution_id=name, question_id=f"arith/L1/{name}", problem="p", steps=("s",), correct=correct,
+        sampled_at=0.0, tokens_by_then=0, accepted_first_error=None, accepted_at=None, rejected=False,
+        exact_first_error=None, own_tokens=own, label_tokens=label_tokens, mc_labelled=mc,
+    )  # fmt: skip
+
+
+def test_random_order_pays_for_every_solution_as_the_loop_paid_for_its_like() -> None:
+    wrong_a = _row("a", correct=False, mc=True, label_tokens=100)
+    wrong_b = _row("b", correct=False, mc=True, label_tokens=200)
+    right_c = _row("c", correct=True, mc=True, label_tokens=0)
+    wrong_d, right_e, unknown_f = (
+        _row("d", correct=False, mc=False, own=30), _row("e", correct=True, mc=False), _row("f", correct=None, mc=False)
+    )  # fmt: skip
+    cost = labelling_cost([wrong_a, wrong_b, right_c, wrong_d, right_e, unknown_f])
+    assert cost(wrong_a) == 100 and cost(right_c) == 0  # labelled: what it cost
+    assert cost(wrong_d) == 150 and cost(right_e) == 0  # not labelled: the mean of its like (wrong: 100, 200)
+    assert cost(unknown_f) == 100  # no labelled solution like it: the mean of all three labelled
+    # two draws: (a, d) costs 10 + 100 + 30 + 150 = 290, (c, e) 10 + 0 + 10 + 0 = 20; their mean 155
+    assert random_order_tokens([[wrong_a, wrong_d], [right_c, right_e]], cost) == 155
+    assert labelling_cost([wrong_d])(wrong_d) == 0.0  # nothing labelled: no cost known, none counted
+
+
+def test_tokens_to_match_finds_where_the_loop_reaches_random_orders_final_f1() -> None:
+    arms = {
+        "loop": [{"labels": 8, "tokens": 1000, "f1": 0.4}, {"labels": 15, "tokens": 2000, "f1": 0.62}],
+        "random": [{"labels": 8, "tokens": 1500, "f1": 0.5}, {"labels": 15, "tokens": 5000, "f1": 0.6}],
+    }
+    match = tokens_to_match(arms)
+    assert match["random_final_f1"] == 0.6 and match["random_tokens"] == 5000
+    assert (match["loop_labels"], match["loop_tokens"], match["ratio"]) == (15, 2000, 0.4)
+    arms["loop"][1]["f1"] = 0.59  # never reached within the budgets
+    assert tokens_to_match(arms)["ratio"] is None and tokens_to_match(arms)["loop_labels"] is None
 
 
 def test_the_spread_counts_levels_positions_and_agreement(tmp_path: Path) -> None:
@@ -168,6 +224,11 @@ def test_bench_learn_ranks_the_loop_among_random_draws_on_the_test_set(tmp_path:
         assert arm["vs_random"] == expected and 0.0 <= arm["random_rank"] <= 100.0
         assert arm["random_rank"] >= 50.0 if arm["f1"] > spread["median"] else arm["random_rank"] <= 50.0
     assert "beats" in lines[-1] and "random draws' mean" in lines[-1]
+    # random order's tokens: three solutions of 10 tokens each, each labelled as the loop paid for its like
+    # (the one wrong solution the annotator labelled cost 40; no right one was labelled: the mean of all, 40)
+    assert rand["tokens"] == 3 * (10 + 40)
+    assert loop["tokens"] == oracle["tokens"] == 100  # six solutions and one labelling, by the third label
+    assert result["tokens_to_match"]["random_tokens"] == rand["tokens"]
 
 
 def _run(loop: list[tuple[float, float | None, str | None]], oracle: list[float], rand: list[float]) -> dict:
@@ -175,9 +236,12 @@ def _run(loop: list[tuple[float, float | None, str | None]], oracle: list[float]
     return {
         "budgets": [8, 15][: len(loop)],
         "arms": {
-            "loop": [{"f1": f, "random_rank": r, "vs_random": v} for f, r, v in loop],
+            "loop": [
+                {"f1": f, "random_rank": r, "vs_random": v, "tokens": 1000 * (i + 1)}
+                for i, (f, r, v) in enumerate(loop)
+            ],
             "oracle": [{"f1": f} for f in oracle],
-            "random": [{"f1": f} for f in rand],
+            "random": [{"f1": f, "tokens": 500 * (i + 1)} for i, f in enumerate(rand)],
         },
     }
 
@@ -193,6 +257,7 @@ def test_across_runs_sets_each_loop_beside_its_own_random_draws() -> None:
     assert at8["loop_f1_mean"] == 0.3 and at8["oracle_f1_mean"] == 0.4 and at8["random_f1_mean"] == 0.4
     assert at8["loop_ranks"] == [30.0, 0.0] and at8["loop_rank_mean"] == 15.0  # the run without a rank left out
     assert at8["loop_vs_random"] == {"above": 0, "within": 1, "below": 1}
+    assert (at8["loop_tokens_mean"], at8["random_tokens_mean"], at15["loop_tokens_mean"]) == (1000, 500, 2000)
     assert at15["loop_rank_mean"] == round((95 + 80 + 40) / 3, 4)
     assert at15["loop_vs_random"] == {"above": 1, "within": 2, "below": 0}
 
