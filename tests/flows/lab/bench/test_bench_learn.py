@@ -11,18 +11,16 @@ import pytest
 
 from prmloop.consumers.sink import events_to_arrow
 from prmloop.flows.lab.bench.learn import (
-    LearnRow,
     across_runs,
     bench_learn,
     budgets_for,
-    label_spread,
     labelling_cost,
     random_draws,
     random_order_tokens,
     random_summary,
-    read_loop_store,
     tokens_to_match,
 )
+from prmloop.flows.lab.bench.learn_store import LearnRow, label_spread, read_loop_store
 from prmloop.models.arith import generate_question
 from prmloop.models.arith.corrupt import corrupted_solution
 from prmloop.producers.arith import arith_question
